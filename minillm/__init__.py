@@ -1,0 +1,13 @@
+"""minillm: a small, real LLM inference engine built to teach chunked prefill."""
+from . import (attention, config, engine, kv_cache, metrics, model, model_runner, request, sampler,
+               scheduler, tokenizer, workloads)
+from .config import ModelConfig
+from .device import default_device
+from .engine import LLMEngine
+from .loader import build_model, load_hf_model
+from .model_runner import prefill_kv
+from .request import RequestOutput, SamplingParams
+from .scheduler import SchedulerConfig
+
+__all__ = ["ModelConfig", "build_model", "load_hf_model", "prefill_kv", "default_device",
+           "LLMEngine", "SchedulerConfig", "SamplingParams", "RequestOutput"]

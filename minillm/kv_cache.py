@@ -1,0 +1,139 @@
+"""The paged KV cache: a pool of fixed-size blocks and a table per request.
+
+Two halves, as in vLLM:
+  BlockManager   pure Python bookkeeping (free list, reference counts, block
+                 tables, slot mapping). The scheduler uses it to decide what
+                 fits; it never touches a tensor.
+  PagedKVCache   the tensors themselves: for every layer, K and V of shape
+                 [num_blocks, block_size, num_kv_heads, head_dim].
+
+Token p of a request lives in block block_table[p // block_size], at offset
+p % block_size; its flat slot is block * block_size + offset.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+
+class OutOfBlocksError(RuntimeError):
+    """The pool has too few free blocks; the scheduler preempts and retries."""
+
+    def __init__(self, request_id, blocks_needed: int, blocks_free: int):
+        self.request_id, self.blocks_needed, self.blocks_free = request_id, blocks_needed, blocks_free
+        super().__init__(f"request {request_id!r} needs {blocks_needed} more KV blocks but only "
+                         f"{blocks_free} are free: preempt a request or grow num_blocks")
+
+
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int):
+        if not isinstance(num_blocks, int) or num_blocks < 1:
+            raise ValueError(f"num_blocks={num_blocks!r}: must be a positive integer")
+        if not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size={block_size!r}: must be a positive integer (16 is usual)")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.free_blocks: deque[int] = deque(range(num_blocks))
+        self.ref_counts = [0] * num_blocks
+        self.block_tables: dict[object, list[int]] = {}
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_blocks)
+
+    def capacity_tokens(self, request_id) -> int:
+        return len(self.block_tables.get(request_id, ())) * self.block_size
+
+    def blocks_missing(self, request_id, num_tokens: int) -> int:
+        """How many more blocks request_id needs to hold num_tokens tokens."""
+        have = len(self.block_tables.get(request_id, ()))
+        return max(0, blocks_for(num_tokens, self.block_size) - have)
+
+    def can_allocate(self, request_id, num_tokens: int) -> bool:
+        return self.blocks_missing(request_id, num_tokens) <= self.num_free_blocks
+
+    def allocate(self, request_id, num_tokens: int) -> list[int]:
+        """Grow request_id's table until it holds num_tokens tokens."""
+        missing = self.blocks_missing(request_id, num_tokens)
+        if missing > self.num_free_blocks:
+            raise OutOfBlocksError(request_id, missing, self.num_free_blocks)
+        table = self.block_tables.setdefault(request_id, [])
+        for _ in range(missing):
+            block = self.free_blocks.popleft()
+            self.ref_counts[block] = 1
+            table.append(block)
+        return table
+
+    def share(self, src_id, dst_id, num_tokens: int) -> list[int]:
+        """Let dst_id reuse the blocks holding src_id's first num_tokens tokens
+        (whole blocks only): the basis of prefix caching."""
+        shared = self.block_tables[src_id][:num_tokens // self.block_size]
+        for block in shared:
+            self.ref_counts[block] += 1
+        self.block_tables[dst_id] = list(shared)
+        return self.block_tables[dst_id]
+
+    def free(self, request_id) -> None:
+        """Return every block of request_id whose last user it was."""
+        for block in self.block_tables.pop(request_id, ()):
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                self.free_blocks.append(block)
+
+    def slot_mapping(self, request_id, start: int, end: int) -> list[int]:
+        """Flat cache slots of positions [start, end) of request_id."""
+        table = self.block_tables[request_id]
+        if end > len(table) * self.block_size:
+            raise ValueError(f"end={end}: request {request_id!r} has blocks for only "
+                             f"{len(table) * self.block_size} tokens; allocate first")
+        bs = self.block_size
+        return [table[p // bs] * bs + p % bs for p in range(start, end)]
+
+    def num_leaked_blocks(self) -> int:
+        """Blocks neither free nor owned by any table (must always be 0)."""
+        owned = {b for table in self.block_tables.values() for b in table}
+        return self.num_blocks - self.num_free_blocks - len(owned)
+
+
+class PagedKVCache:
+    """K and V tensors for every layer: [num_layers, 2, num_blocks, block_size, Hkv, D]."""
+
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
+                 head_dim: int, dtype=torch.float32, device="cpu"):
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        # torch.empty: the OS hands out pages only when a block is first
+        # written, so a large pool costs nothing until used. Readers must
+        # never look at slots that were not written (attention masks them).
+        self.data = torch.empty(num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim,
+                                dtype=dtype, device=device)
+
+    @classmethod
+    def for_model(cls, cfg, num_blocks: int, block_size: int, dtype, device) -> "PagedKVCache":
+        return cls(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
+                   dtype=dtype, device=device)
+
+    def layer(self, i: int):
+        """(k_cache, v_cache) of layer i, each [num_blocks, block_size, Hkv, D]."""
+        return self.data[i, 0], self.data[i, 1]
+
+    def gather(self, block_table: list[int], num_tokens: int) -> torch.Tensor:
+        """One request's KV as a contiguous tensor [num_layers, 2, num_tokens, Hkv, D]."""
+        blocks = torch.as_tensor(block_table[:blocks_for(num_tokens, self.block_size)],
+                                 device=self.data.device)
+        picked = self.data[:, :, blocks]                     # [L, 2, nb, bs, Hkv, D]
+        return picked.flatten(2, 3)[:, :, :num_tokens]
+
+    @property
+    def num_bytes(self) -> int:
+        return self.data.numel() * self.data.element_size()
+
+
+def kv_bytes_per_token(cfg, dtype_bytes: int = 2) -> int:
+    """2 (K and V) x layers x kv heads x head dim x bytes per element."""
+    return cfg.kv_bytes_per_token(dtype_bytes)

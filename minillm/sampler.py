@@ -1,0 +1,33 @@
+"""From logits to the next token: greedy, temperature, top-k, top-p, seeds."""
+from __future__ import annotations
+
+import torch
+
+from .request import SamplingParams
+
+
+def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    """logits: [vocab] -> one token id."""
+    if params.temperature == 0:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits.double() / params.temperature, dim=-1)
+    if params.top_k is not None and params.top_k < probs.numel():
+        kth = torch.topk(probs, params.top_k).values[-1]
+        probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
+    if params.top_p < 1.0:
+        # Keep the smallest set of most likely tokens whose mass reaches top_p.
+        sorted_probs, order = torch.sort(probs, descending=True)
+        mass_before = torch.cumsum(sorted_probs, 0) - sorted_probs
+        sorted_probs = torch.where(mass_before < params.top_p * sorted_probs.sum(), sorted_probs,
+                                   torch.zeros_like(sorted_probs))
+        probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
+    return int(torch.multinomial(probs.cpu(), 1, generator=generator))
+
+
+def make_generator(params: SamplingParams, fallback_seed: int) -> torch.Generator | None:
+    """A per-request generator, so a seeded request samples the same tokens
+    whatever else is in the batch."""
+    if params.temperature == 0:
+        return None
+    seed = params.seed if params.seed is not None else fallback_seed
+    return torch.Generator().manual_seed(seed)
