@@ -1,0 +1,48 @@
+# minillm: the two front-door commands are `make lab` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+export MPLBACKEND ?= Agg
+export PYTHONHASHSEED ?= 0
+
+.PHONY: lab test test-fast notebooks figures bench gpu-check clean
+
+# Create the virtual environment and install everything (re-runs when the
+# requirements change).
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+lab: $(STAMP)
+	MPLBACKEND= $(VENV)/bin/jupyter lab --ServerApp.root_dir=. notebooks/00_roadmap.ipynb
+
+# Every test: unit and property tests, then every chapter and solution notebook.
+test: $(STAMP)
+	$(PY) -m pytest -q tests --nbval-lax notebooks exercises/solutions
+
+# Only the unit and property tests (seconds to a few minutes).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q tests
+
+# Re-execute every chapter and exercise from its source (notebooks/src, exercises/solutions/src).
+notebooks: $(STAMP)
+	$(PY) tools/nb.py all
+
+figures: $(STAMP)
+	$(PY) -m minillm figures --out figures
+
+bench: $(STAMP)
+	$(PY) -m minillm bench all --out bench-results
+
+# On a CUDA machine: the tests on the GPU, then the benchmarks; results in gpu-results/.
+gpu-check: $(STAMP)
+	bash tools/gpu_check.sh gpu-results
+
+clean:
+	rm -rf $(VENV) bench-results gpu-results
