@@ -1,0 +1,38 @@
+"""Command line: `python -m minillm bench ...`, `python -m minillm figures`."""
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: python -m minillm COMMAND [options]
+
+commands:
+  bench [interference|hf|simulator|all] [--out DIR]   benchmarks on this device
+  figures [--out DIR]                                  regenerate the README's figures
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command == "bench":
+        from .bench import main as bench_main
+        return bench_main(rest)
+    if command == "figures":
+        import argparse
+
+        from .plots import save_readme_figures
+        args = argparse.ArgumentParser(prog="python -m minillm figures")
+        args.add_argument("--out", default="figures")
+        out = args.parse_args(rest).out
+        for path in save_readme_figures(out) or ():
+            print(path)
+        return 0
+    print(f"unknown command {command!r}\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
