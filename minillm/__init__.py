@@ -1,6 +1,6 @@
 """minillm: a small, real LLM inference engine built to teach chunked prefill."""
-from . import (attention, config, engine, kv_cache, metrics, model, model_runner, request, sampler,
-               scheduler, tokenizer, workloads)
+from . import (accounting, attention, config, cost_model, engine, hardware, kv_cache, metrics, model,
+               model_runner, request, sampler, scheduler, tokenizer, workloads)
 from .config import ModelConfig
 from .device import default_device
 from .engine import LLMEngine

@@ -1,0 +1,235 @@
+"""Device profiles: datasheet peaks of real GPUs, and this machine by measurement.
+
+A `Hardware` holds two kinds of numbers:
+
+* the datasheet roofline: peak dense FLOP/s at the profile's dtype and memory
+  bandwidth in bytes/s; their ratio is the ridge point (FLOPs per byte) above
+  which a kernel is compute-bound;
+* what real kernels reach, used by `minillm.cost_model`: the fraction of peak a
+  large GEMM sustains, the fraction of bandwidth a weight-streaming GEMV
+  sustains, the GEMM tile the M and N dimensions are padded to, a kernel-launch
+  cost and a per-step overhead. For the A100 and H100 these were fitted once per
+  GPU to measured operator times (see cost_model.py for how); `calibrate()`
+  measures them on the machine at hand.
+
+Datasheets (dense, no sparsity; bf16 = the Tensor Core BF16 figure):
+  A100: NVIDIA A100 Tensor Core GPU datasheet: 312 TFLOP/s bf16, 1,555 GB/s
+        (40GB SXM), 2,039 GB/s (80GB SXM); 108 SMs.
+  H100 SXM: NVIDIA H100 Tensor Core GPU datasheet: 989 TFLOP/s bf16
+        (the 1,979 figure is with sparsity), 3.35 TB/s, 80 GB; 132 SMs.
+  H200: NVIDIA H200 datasheet: 989 TFLOP/s bf16, 4.8 TB/s, 141 GB (the H100
+        chip with HBM3e: the kernel factors are the H100's, not separately fitted).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+__all__ = ["Hardware", "PROFILES", "get_hardware", "calibrate", "cache_dir"]
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    peak_flops_s: float                  # dense FLOP/s at `dtype` (datasheet or measured)
+    mem_bandwidth_bytes_s: float         # bytes/s (datasheet or measured copy bandwidth)
+    memory_bytes: float = 0.0            # device memory capacity
+    dtype: str = "bfloat16"              # the dtype peak_flops_s refers to
+    # ---- what real kernels reach (used by cost_model.predict_step) ----
+    gemm_efficiency: float = 1.0         # fraction of peak a large, well-shaped GEMM sustains
+    attention_efficiency: float = 1.0    # fraction of peak a flash-attention kernel sustains
+    bandwidth_efficiency: float = 1.0    # fraction of bandwidth a weight-streaming GEMV sustains
+    gemm_tile_m: int = 1                 # GEMM M (tokens) is padded to a multiple of this
+    gemm_tile_n: int = 1                 # GEMM N (output features) padded to a multiple of this
+    overlap_exponent: float = 1e9        # p in (t_compute^p + t_memory^p)^(1/p); huge = max()
+    kernel_launch_s: float = 0.0         # fixed cost added to every kernel
+    kernel_floor_s: float = 0.0          # no kernel is faster than this
+    step_overhead_s: float = 0.0         # per step: scheduling, sampling, host work
+    source: str = ""                     # where the numbers come from
+
+    def __post_init__(self):
+        for arg in ("peak_flops_s", "mem_bandwidth_bytes_s"):
+            value = getattr(self, arg)
+            if not value > 0:
+                raise ValueError(f"{arg}={value!r}: must be a positive number")
+        for arg in ("gemm_efficiency", "attention_efficiency", "bandwidth_efficiency"):
+            value = getattr(self, arg)
+            if not 0 < value <= 1:
+                raise ValueError(f"{arg}={value!r}: must be a fraction in (0, 1]")
+
+    @property
+    def ridge_point(self) -> float:
+        """FLOPs per byte where the datasheet roofline turns from memory- to compute-bound."""
+        return self.peak_flops_s / self.mem_bandwidth_bytes_s
+
+    @property
+    def effective_ridge_point(self) -> float:
+        """The same with the sustained fractions: where real GEMMs turn compute-bound."""
+        return (self.peak_flops_s * self.gemm_efficiency) / (
+            self.mem_bandwidth_bytes_s * self.bandwidth_efficiency)
+
+    def attainable_flops_s(self, intensity: float) -> float:
+        """The roofline: min(peak, bandwidth x intensity)."""
+        return min(self.peak_flops_s, self.mem_bandwidth_bytes_s * intensity)
+
+    def replace(self, **changes) -> "Hardware":
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+_GB = 1e9
+# Kernel factors fitted to the Vidur operator profiles (cost_model.fit_hardware_factors,
+# run once per GPU over all its files; see cost_model.py). The A100-40GB shares the
+# A100-80GB's chip, the H200 the H100's: their factors are carried over, not fitted.
+_A100_FIT = dict(gemm_efficiency=0.727, attention_efficiency=0.5, bandwidth_efficiency=0.926,
+                 gemm_tile_m=64, gemm_tile_n=64, overlap_exponent=1.85,
+                 kernel_launch_s=5.88e-6, kernel_floor_s=9.4e-7, step_overhead_s=2e-3)
+_H100_FIT = dict(gemm_efficiency=0.694, attention_efficiency=0.5, bandwidth_efficiency=0.844,
+                 gemm_tile_m=128, gemm_tile_n=256, overlap_exponent=4.32,
+                 kernel_launch_s=8.03e-6, kernel_floor_s=1.09e-6, step_overhead_s=2e-3)
+
+PROFILES: dict[str, Hardware] = {
+    "A100-40GB": Hardware("A100-40GB", 312e12, 1555 * _GB, 40 * 2**30, **_A100_FIT,
+                          source="NVIDIA A100 datasheet: 312 TFLOP/s bf16 dense, 1,555 GB/s"),
+    "A100-80GB": Hardware("A100-80GB", 312e12, 2039 * _GB, 80 * 2**30, **_A100_FIT,
+                          source="NVIDIA A100 datasheet: 312 TFLOP/s bf16 dense, 2,039 GB/s (SXM)"),
+    "H100-SXM": Hardware("H100-SXM", 989e12, 3350 * _GB, 80 * 2**30, **_H100_FIT,
+                         source="NVIDIA H100 datasheet: 989 TFLOP/s bf16 dense, 3.35 TB/s (SXM)"),
+    "H200": Hardware("H200", 989e12, 4800 * _GB, 141 * 2**30, **_H100_FIT,
+                     source="NVIDIA H200 datasheet: 989 TFLOP/s bf16 dense, 4.8 TB/s"),
+}
+
+
+def get_hardware(hardware) -> Hardware:
+    """A profile name ("A100-80GB", ...) or a Hardware object (returned as is)."""
+    if isinstance(hardware, Hardware):
+        return hardware
+    if isinstance(hardware, str) and hardware in PROFILES:
+        return PROFILES[hardware]
+    if isinstance(hardware, str) and hardware.lower() in ("cpu", "this", "calibrate"):
+        return calibrate()
+    raise ValueError(f"hardware={hardware!r}: unknown; use one of {sorted(PROFILES)}, "
+                     "'cpu' (this machine, measured) or a Hardware object such as calibrate()'s")
+
+
+# ---- this machine ------------------------------------------------------------
+
+_CALIBRATED: dict[tuple, Hardware] = {}
+
+
+def cache_dir() -> Path:
+    """Where calibrations are kept: $MINILLM_CACHE_DIR or ~/.cache/minillm."""
+    return Path(os.environ.get("MINILLM_CACHE_DIR") or Path.home() / ".cache" / "minillm")
+
+
+def _best_time_s(fn, device, repeats: int) -> float:
+    from .device import synchronize
+    fn()                                         # warm-up: allocation, thread pool, kernels
+    synchronize(device)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        synchronize(device)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def calibrate(device=None, dtype=None, force: bool = False, matmul_size: int = 1024,
+              copy_mib: int = 64, repeats: int = 5, progress: bool = True,
+              cache_path: str | Path | None = None) -> Hardware:
+    """Measure this machine's roofline for the engine's dtype; cached.
+
+    Measures: a square matmul of matmul_size (peak FLOP/s), a copy of copy_mib
+    MiB (bandwidth, read + write), a matrix-vector product over a weight of
+    copy_mib MiB (the decode-like weight stream, giving bandwidth_efficiency)
+    and an 8x8 matmul (the per-kernel floor). Best of `repeats` runs each.
+    Results are cached in this process and on disk (cache_dir(), keyed by
+    device, dtype and torch version); force=True measures again.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    from .device import resolve_device
+
+    dev = resolve_device(device)
+    if dtype is None:
+        dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
+    if isinstance(dtype, str):
+        if not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise ValueError(f"dtype={dtype!r}: not a torch dtype; try 'float32' or 'bfloat16'")
+        dtype = getattr(torch, dtype)
+    dtype_name = str(dtype).removeprefix("torch.")
+    for arg, value in (("matmul_size", matmul_size), ("copy_mib", copy_mib), ("repeats", repeats)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{arg}={value!r}: must be a positive integer")
+    key = (str(dev), dtype_name, torch.__version__, matmul_size, copy_mib)
+    path = Path(cache_path) if cache_path is not None else \
+        cache_dir() / f"hardware-{dev.type}{dev.index or ''}-{dtype_name}-torch{torch.__version__}.json"
+    if not force:
+        if key in _CALIBRATED:
+            return _CALIBRATED[key]
+        try:
+            saved = json.loads(path.read_text())
+            if tuple(saved.pop("_key")) == key:
+                hw = Hardware(**saved)
+                _CALIBRATED[key] = hw
+                return hw
+        except (OSError, ValueError, TypeError, KeyError):
+            pass                                  # no or stale cache: measure
+
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    n = matmul_size
+    a = torch.randn(n, n, device=dev).to(dtype)
+    b = torch.randn(n, n, device=dev).to(dtype)
+    numel = copy_mib * 2**20 // itemsize
+    src = torch.empty(numel, device=dev, dtype=dtype).uniform_()
+    dst = torch.empty_like(src)
+    rows = max(1, int(numel ** 0.5))
+    weight = src[: rows * rows].view(rows, rows)          # [K, N], copy_mib MiB
+    x = torch.randn(1, rows, device=dev).to(dtype)          # one token: a decode GEMV
+    tiny = torch.randn(8, 8, device=dev).to(dtype)
+
+    steps = {
+        "matmul": lambda: torch.mm(a, b),
+        "copy": lambda: dst.copy_(src),
+        "gemv": lambda: torch.mm(x, weight),
+        "launch": lambda: torch.mm(tiny, tiny),
+    }
+    times_s = {}
+    for name in tqdm(steps, desc=f"calibrating {dev.type} {dtype_name}", disable=not progress):
+        times_s[name] = _best_time_s(steps[name], dev, repeats if name != "launch" else 50)
+
+    peak_flops_s = 2 * n ** 3 / times_s["matmul"]
+    bandwidth_bytes_s = 2 * numel * itemsize / times_s["copy"]          # read + write
+    gemv_bytes_s = rows * rows * itemsize / times_s["gemv"]
+    if dev.type == "cuda":
+        memory_bytes = torch.cuda.get_device_properties(dev).total_memory
+        label = torch.cuda.get_device_name(dev)
+    else:
+        memory_bytes = 0.0
+        label = dev.type
+    hw = Hardware(
+        name=f"this {label} ({dtype_name}, measured)",
+        peak_flops_s=peak_flops_s,
+        mem_bandwidth_bytes_s=bandwidth_bytes_s,
+        memory_bytes=float(memory_bytes),
+        dtype=dtype_name,
+        gemm_efficiency=1.0,                       # the peak IS a measured matmul
+        attention_efficiency=1.0,
+        bandwidth_efficiency=min(1.0, gemv_bytes_s / bandwidth_bytes_s),
+        kernel_launch_s=times_s["launch"],
+        source=f"calibrate(): {n}^3 matmul, {copy_mib} MiB copy and GEMV, torch {torch.__version__}",
+    )
+    _CALIBRATED[key] = hw
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**hw.to_dict(), "_key": list(key)}, indent=1))
+    except OSError:
+        pass                                      # a read-only home only costs a re-measure
+    return hw

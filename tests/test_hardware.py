@@ -1,0 +1,55 @@
+"""hardware.py: profiles, lookup errors, calibration (tiny and cached)."""
+import pytest
+
+from minillm import hardware
+from minillm.hardware import PROFILES, Hardware, calibrate, get_hardware
+
+
+def test_profiles_carry_the_datasheet_peaks():
+    assert PROFILES["A100-80GB"].peak_flops_s == 312e12
+    assert PROFILES["A100-40GB"].mem_bandwidth_bytes_s == 1555e9
+    assert PROFILES["A100-80GB"].mem_bandwidth_bytes_s == 2039e9
+    assert PROFILES["H100-SXM"].peak_flops_s == 989e12
+    assert PROFILES["H100-SXM"].mem_bandwidth_bytes_s == 3.35e12
+    assert PROFILES["H200"].mem_bandwidth_bytes_s == 4.8e12
+
+
+def test_ridge_point_is_peak_over_bandwidth():
+    a100 = get_hardware("A100-80GB")
+    assert a100.ridge_point == pytest.approx(312e12 / 2039e9)
+    assert a100.attainable_flops_s(1.0) == 2039e9
+    assert a100.attainable_flops_s(1e6) == 312e12
+
+
+def test_get_hardware_passes_objects_through():
+    hw = Hardware("mine", 1e12, 1e11)
+    assert get_hardware(hw) is hw
+
+
+def test_unknown_hardware_is_a_value_error_naming_it_and_the_choices():
+    with pytest.raises(ValueError, match=r"hardware='B200'.*A100-80GB"):
+        get_hardware("B200")
+
+
+def test_bad_efficiency_is_named():
+    with pytest.raises(ValueError, match="gemm_efficiency=1.5"):
+        Hardware("x", 1e12, 1e11, gemm_efficiency=1.5)
+
+
+def test_calibrate_measures_once_then_reads_the_cache(tmp_path):
+    path = tmp_path / "hw.json"
+    hw = calibrate(device="cpu", matmul_size=64, copy_mib=1, repeats=1, progress=False,
+                   cache_path=path, force=True)
+    assert hw.peak_flops_s > 0 and hw.mem_bandwidth_bytes_s > 0 and 0 < hw.bandwidth_efficiency <= 1
+    assert path.exists()
+    hardware._CALIBRATED.clear()                    # forget the process cache: read the file
+    again = calibrate(device="cpu", matmul_size=64, copy_mib=1, repeats=1, progress=False,
+                      cache_path=path)
+    assert again == hw
+    assert calibrate(device="cpu", matmul_size=64, copy_mib=1, repeats=1, progress=False,
+                     cache_path=path) is again      # in-process cache
+
+
+def test_calibrate_rejects_bad_sizes(tmp_path):
+    with pytest.raises(ValueError, match="matmul_size=0"):
+        calibrate(device="cpu", matmul_size=0, cache_path=tmp_path / "x.json")
