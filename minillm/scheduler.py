@@ -117,10 +117,11 @@ class Scheduler:
                 return False
         return True
 
-    def _tokens_that_fit(self, request: Request, wanted: int) -> int:
-        """The most of `wanted` new tokens the free blocks can hold."""
+    def _tokens_that_fit(self, request: Request, wanted: int, reserve_blocks: int = 0) -> int:
+        """The most of `wanted` new tokens the free blocks (less a reserve) can hold."""
+        free_blocks = max(0, self.blocks.num_free_blocks - reserve_blocks)
         room = (self.blocks.capacity_tokens(request.request_id)
-                + self.blocks.num_free_blocks * self.blocks.block_size
+                + free_blocks * self.blocks.block_size
                 - request.num_computed_tokens)
         return max(0, min(wanted, room))
 
@@ -203,9 +204,15 @@ class Scheduler:
                 n = self._tokens_that_fit(request, wanted)
             self._schedule(step, request, n)
             prefill_left -= n
-        while self.waiting and prefill_left > 0 and len(self.running) < self.config.max_num_seqs:
+        # A step that had to preempt admits nobody: the freed blocks would go
+        # straight to the request just evicted, to be evicted again next step.
+        while (self.waiting and not step.preempted and prefill_left > 0
+               and len(self.running) < self.config.max_num_seqs):
             request = self.waiting[0]
-            n = self._tokens_that_fit(request, min(request.num_uncomputed_tokens, prefill_left))
+            # Keep one free block per running request, so that their next
+            # decodes do not have to evict the newcomer at once.
+            n = self._tokens_that_fit(request, min(request.num_uncomputed_tokens, prefill_left),
+                                      reserve_blocks=len(self.running))
             if n == 0:
                 return
             self._admit(request)

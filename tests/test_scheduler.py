@@ -165,3 +165,14 @@ def test_scheduler_module_knows_no_torch():
     import minillm.scheduler as module
     source = open(module.__file__).read()
     assert "import torch" not in source and "time." not in source
+
+
+def test_a_preempted_request_is_not_readmitted_in_the_same_step():
+    # Four requests in a pool that holds about two: a preempted one must not
+    # bounce straight back in with the blocks its eviction freed.
+    config = SchedulerConfig(policy="chunked", chunk_size=64, max_num_seqs=4)
+    core, _, requests = run_engine([(40, 24, 0)] * 4, config, num_blocks=10, block_size=16)
+    for record in core.trace:
+        assert not set(record.preempted) & {rid for rid, _ in record.scheduled}
+    assert all(len(r.output_token_ids) == 24 for r in requests)
+    assert sum(r.num_preemptions for r in requests) < 5   # 21 when admission ignored this

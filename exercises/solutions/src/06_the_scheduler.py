@@ -1,0 +1,105 @@
+# %% [markdown]
+# # Exercises 6: the scheduler
+#
+# Write each function, then run the check cell below it: it compares your function with
+# the engine (its `Scheduler`, its `RequestMetrics`, its step loop) on fresh random
+# inputs and says what is wrong. None of these needs a model: they run in a second.
+
+# %%
+import math
+
+import minillm.exercises as ex
+from minillm.request import RequestMetrics
+
+# %% [markdown]
+# ## 1. The chunked policy as a pure function
+#
+# Write one step of the `chunked` policy over a simplified state (plenty of KV blocks,
+# no limit on the number of requests):
+#
+# * `decoding`: ids of the requests that are decoding, in order;
+# * `prefilling`: `(request_id, tokens_left)` of the prompts still prefilling, in arrival
+#   order (first come, first served);
+# * `chunk_size`: the most prefill tokens the step may hold, all prompts together;
+# * `token_budget`: the most tokens of any kind in the step, or `None` for no cap (when
+#   set, it is at least `len(decoding)`).
+#
+# Return the plan, a list of `(request_id, num_tokens)`: every decode gets its one token
+# first, then prompts in order take what the step has left, each no more than it needs.
+# Leave out requests that get nothing. The checker tests the invariants (budget never
+# exceeded, at most `chunk_size` prefill tokens, every decode gets its token, first come
+# first served, nobody gets more than it needs) on random states, then compares your plan
+# with what `Scheduler._schedule_chunked` decides on the same state.
+
+# %%
+def schedule_chunked(decoding, prefilling, chunk_size, token_budget):
+    ### BEGIN SOLUTION
+    plan = [(request_id, 1) for request_id in decoding]
+    prefill_left = chunk_size
+    if token_budget is not None:
+        prefill_left = min(prefill_left, token_budget - len(decoding))
+    for request_id, tokens_left in prefilling:
+        if prefill_left <= 0:
+            break
+        num_tokens = min(tokens_left, prefill_left)
+        plan.append((request_id, num_tokens))
+        prefill_left -= num_tokens
+    return plan
+    ### END SOLUTION
+
+# %%
+ex.check_schedule_chunked(schedule_chunked)
+# The articles' example: three streams decoding, a 2048-token prompt, chunks of 512.
+assert schedule_chunked([1, 2, 3], [(4, 2048)], 512, None) == [(1, 1), (2, 1), (3, 1), (4, 512)]
+
+# %% [markdown]
+# ## 2. TTFT, TPOT and ITL from timestamps
+#
+# `stream_metrics(arrival_time, token_times)` returns a dict with
+# `"ttft"` (first token minus arrival), `"tpot"` ((E2E - TTFT) / (output tokens - 1), or
+# `None` with a single token) and `"itl"` (the list of gaps between consecutive tokens),
+# all in seconds, with the serving benchmarks' conventions that `RequestMetrics` follows.
+# Then use it on a stream with one stall.
+
+# %%
+def stream_metrics(arrival_time, token_times):
+    ### BEGIN SOLUTION
+    itl = [later - earlier for earlier, later in zip(token_times, token_times[1:])]
+    tpot = (token_times[-1] - token_times[0]) / (len(token_times) - 1) if len(token_times) > 1 else None
+    return {"ttft": token_times[0] - arrival_time, "tpot": tpot, "itl": itl}
+    ### END SOLUTION
+
+# %%
+ex.check_stream_metrics(stream_metrics)
+# 41 tokens 5 ms apart, except one 205 ms stall: the articles' "TPOT jumps to 205 ms".
+gaps = [0.005] * 20 + [0.205] + [0.005] * 19
+times = [0.1 + sum(gaps[:i]) for i in range(len(gaps) + 1)]
+stalled = stream_metrics(0.0, times)
+print(f"mean TPOT {stalled['tpot'] * 1e3:.1f} ms, max ITL {max(stalled['itl']) * 1e3:.0f} ms")
+assert stalled["tpot"] < 0.011 and max(stalled["itl"]) > 0.2
+
+# %% [markdown]
+# One 205 ms gap among 40 moves the mean TPOT from 5 ms to 10 ms; the max ITL shows the
+# stall itself. That is why a benchmark reports both.
+#
+# ## 3. How many steps does a prompt need?
+#
+# `num_prefill_steps(prompt_len, chunk_size, num_decoding, token_budget)`: a prompt of
+# `prompt_len` tokens arrives while `num_decoding` streams are decoding, under the
+# `chunked` policy. How many engine steps from its arrival until its first token? (The
+# streams keep decoding all along; `token_budget` is `None` or at least
+# `num_decoding + 1`.) The checker runs the engine's step loop with a fake model and
+# counts.
+
+# %%
+def num_prefill_steps(prompt_len, chunk_size, num_decoding, token_budget):
+    ### BEGIN SOLUTION
+    per_step = chunk_size if token_budget is None else min(chunk_size, token_budget - num_decoding)
+    return math.ceil(prompt_len / per_step)
+    ### END SOLUTION
+
+# %%
+ex.check_num_prefill_steps(num_prefill_steps)
+# vLLM-style: one budget for everything. 64 streams and a 512-token budget leave 448
+# prefill tokens per step, so an 8192-token prompt takes 19 steps, not 16.
+assert num_prefill_steps(8192, 512, 64, 512) == 19

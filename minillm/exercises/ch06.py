@@ -1,0 +1,250 @@
+"""Checkers for exercises/06_the_scheduler: compare the learner's function with the engine.
+
+The scheduler checks build the same state for the engine's real Scheduler
+(requests decoding, prompts half prefilled, prompts waiting) and compare its
+plan with the learner's; the step-count check runs EngineCore with a fake
+executor, so nothing here needs a model or a clock.
+"""
+from __future__ import annotations
+
+import math
+import random
+
+from ..engine import EngineCore, VirtualClock
+from ..kv_cache import BlockManager
+from ..request import Request, RequestMetrics, RequestStatus, SamplingParams
+from ..scheduler import Scheduler, SchedulerConfig
+
+__all__ = ["check_schedule_chunked", "check_stream_metrics", "check_num_prefill_steps",
+           "engine_schedule_chunked"]
+
+
+def _fail(message: str):
+    print("Not yet: " + message)
+    raise AssertionError(message)
+
+
+# ---------------------------------------------------------------------------
+# 1. The chunked policy as a pure function
+# ---------------------------------------------------------------------------
+def engine_schedule_chunked(decoding, prefilling, chunk_size, token_budget, rng=None):
+    """Ask the engine's Scheduler (policy "chunked") for the plan of one step.
+
+    decoding: request ids that are decoding; prefilling: (request_id,
+    tokens_left) in arrival order. The first prompts of `prefilling` are made
+    "running" (already part-prefilled), the rest "waiting", as in a live engine.
+    Returns {request_id: num_new_tokens}.
+    """
+    rng = rng or random.Random(0)
+    num_requests = len(decoding) + len(prefilling)
+    config = SchedulerConfig(policy="chunked", chunk_size=chunk_size, token_budget=token_budget,
+                             max_num_seqs=max(1, num_requests))
+    block_size = 16
+    longest = max([tokens_left for _, tokens_left in prefilling] + [1]) + 64
+    blocks = BlockManager(num_requests * (longest // block_size + 2) + 1, block_size)
+    scheduler = Scheduler(config, blocks)
+    params = SamplingParams(max_tokens=10_000, ignore_eos=True)
+    num_running_prompts = rng.randint(0, len(prefilling))
+    running_decodes, running_prompts = [], []
+    for rid in decoding:
+        request = Request(rid, None, params, 0.0, prompt_len=rng.randint(1, 40))
+        request.output_token_ids = [0] * rng.randint(1, 20)
+        request.num_computed_tokens = request.num_tokens - 1
+        running_decodes.append(request)
+    for i, (rid, tokens_left) in enumerate(prefilling):
+        already_computed = rng.randint(1, 48) if i < num_running_prompts else 0
+        request = Request(rid, None, params, 0.0, prompt_len=already_computed + tokens_left)
+        request.num_computed_tokens = already_computed
+        if i < num_running_prompts:
+            running_prompts.append(request)
+        else:
+            scheduler.waiting.append(request)
+    # Interleave decodes and part-prefilled prompts (keeping each group's order),
+    # as admissions over time would.
+    running = []
+    while running_decodes or running_prompts:
+        source = running_decodes if (running_decodes and (not running_prompts or rng.random() < 0.5)) \
+            else running_prompts
+        running.append(source.pop(0))
+    for request in running:
+        request.status = RequestStatus.RUNNING
+        blocks.allocate(request.request_id, request.num_computed_tokens)
+        scheduler.running.append(request)
+    plan = scheduler.schedule()
+    return {r.request_id: n for r, n in plan.scheduled}
+
+
+def _random_state(rng: random.Random):
+    num_decoding = rng.choice([0, rng.randint(1, 8), rng.randint(8, 40)])
+    num_prefilling = rng.choice([0, 1, rng.randint(1, 6)])
+    ids = rng.sample(range(1000), num_decoding + num_prefilling)
+    decoding = ids[:num_decoding]
+    prefilling = [(rid, rng.choice([1, rng.randint(1, 64), rng.randint(1, 3000)])) for rid in ids[num_decoding:]]
+    chunk_size = rng.choice([1, 16, 64, 256, 512, rng.randint(1, 2048)])
+    num_requests = max(1, num_decoding + num_prefilling)
+    token_budget = rng.choice([None, num_requests, num_requests + rng.randint(0, 600), rng.randint(2048, 8192)])
+    return decoding, prefilling, chunk_size, token_budget
+
+
+def _check_plan_invariants(plan, decoding, prefilling, chunk_size, token_budget) -> str | None:
+    """A message naming the first broken invariant, or None."""
+    state = f"decoding={decoding}, prefilling={prefilling}, chunk_size={chunk_size}, token_budget={token_budget}"
+    if not isinstance(plan, list) or not all(isinstance(p, tuple) and len(p) == 2 for p in plan):
+        return f"return a list of (request_id, num_tokens) tuples; you returned {plan!r} for {state}"
+    granted = {}
+    for rid, n in plan:
+        if rid in granted:
+            return f"request {rid} appears twice in your plan {plan} for {state}"
+        if not isinstance(n, int) or n < 1:
+            return f"request {rid} gets {n!r} tokens: leave out requests that get nothing ({state})"
+        granted[rid] = n
+    known = set(decoding) | {rid for rid, _ in prefilling}
+    strangers = set(granted) - known
+    if strangers:
+        return f"your plan schedules unknown request ids {sorted(strangers)} ({state})"
+    total = sum(granted.values())
+    if token_budget is not None and total > token_budget:
+        return f"your plan {plan} holds {total} tokens, over token_budget={token_budget} ({state})"
+    for rid in decoding:
+        if granted.get(rid) != 1:
+            return (f"decoding request {rid} gets {granted.get(rid, 0)} tokens; every decode gets exactly 1, "
+                    f"first, before any prompt ({state})")
+    prefill_tokens = sum(granted.get(rid, 0) for rid, _ in prefilling)
+    if prefill_tokens > chunk_size:
+        return f"your plan gives prompts {prefill_tokens} tokens in all, over chunk_size={chunk_size} ({state})"
+    for rid, tokens_left in prefilling:
+        if granted.get(rid, 0) > tokens_left:
+            return f"prompt {rid} has {tokens_left} tokens left but gets {granted[rid]} ({state})"
+    short = None
+    for rid, tokens_left in prefilling:
+        got = granted.get(rid, 0)
+        if short is not None and got:
+            return (f"prompt {rid} gets {got} tokens while prompt {short}, which came first, did not get all "
+                    f"it needs: first come, first served ({state})")
+        if got < tokens_left:
+            short = rid if short is None else short
+    return None
+
+
+def check_schedule_chunked(fn, seed: int | None = None, num_states: int = 300):
+    """fn(decoding, prefilling, chunk_size, token_budget) -> [(request_id, num_tokens)].
+
+    Checked by the invariants on random states, then against the engine's
+    Scheduler on the same states.
+    """
+    rng = random.Random(seed)
+    # A few hand-picked states first: the ones that catch the usual slips.
+    states = [([1, 2], [(3, 1000)], 512, None), ([1, 2, 3], [(4, 100), (5, 100)], 64, None),
+              ([1, 2, 3, 4], [(5, 10), (6, 10)], 512, 12), ([], [(1, 5), (2, 7), (3, 9)], 10, None),
+              ([7], [], 512, None)]
+    states += [_random_state(rng) for _ in range(num_states)]
+    for decoding, prefilling, chunk_size, token_budget in states:
+        plan = fn(list(decoding), list(prefilling), chunk_size, token_budget)
+        problem = _check_plan_invariants(plan, decoding, prefilling, chunk_size, token_budget)
+        if problem:
+            _fail(problem)
+        expected = engine_schedule_chunked(decoding, prefilling, chunk_size, token_budget, rng)
+        if dict(plan) != expected:
+            _fail(f"decoding={decoding}, prefilling={prefilling}, chunk_size={chunk_size}, "
+                  f"token_budget={token_budget}: you plan {sorted(dict(plan).items())}, the engine's "
+                  f"Scheduler plans {sorted(expected.items())}. Prompts should take as many tokens as the "
+                  "step has left (min of chunk_size and the budget left after the decodes).")
+    print(f"check_schedule_chunked: correct on {len(states)} states, same plans as the engine's Scheduler")
+
+
+# ---------------------------------------------------------------------------
+# 2. TTFT, TPOT and ITL from token timestamps
+# ---------------------------------------------------------------------------
+def check_stream_metrics(fn, seed: int | None = None):
+    """fn(arrival_time, token_times) -> dict with "ttft", "tpot", "itl" (seconds).
+
+    tpot is None for fewer than two tokens. Compared with RequestMetrics.
+    """
+    rng = random.Random(seed)
+    cases = [(0.0, [0.5]), (1.0, [1.2, 1.25, 1.3, 2.3, 2.35])]   # one token; a stall
+    for _ in range(50):
+        arrival = rng.uniform(0, 10)
+        t, times = arrival, []
+        for _ in range(rng.randint(1, 40)):
+            t += rng.expovariate(20) if rng.random() > 0.05 else rng.uniform(0.2, 1.0)
+            times.append(t)
+        cases.append((arrival, times))
+    for arrival, times in cases:
+        reference = RequestMetrics(arrival_time=arrival, first_token_time=times[0], token_times=list(times),
+                                   finish_time=times[-1])
+        expected = {"ttft": reference.ttft, "tpot": reference.tpot, "itl": reference.itl}
+        got = fn(arrival, list(times))
+        if not isinstance(got, dict) or not {"ttft", "tpot", "itl"} <= set(got):
+            _fail(f"return a dict with keys 'ttft', 'tpot' and 'itl'; you returned {got!r}")
+        shown = f"arrival_time={arrival:.3f}, token_times={[round(x, 3) for x in times]}"
+        if not math.isclose(got["ttft"], expected["ttft"], rel_tol=1e-9, abs_tol=1e-12):
+            _fail(f"{shown}: ttft={got['ttft']!r}, expected {expected['ttft']:.6f} (first token - arrival)")
+        if expected["tpot"] is None:
+            if got["tpot"] is not None:
+                _fail(f"{shown}: with one token there is no gap, so tpot must be None; you return {got['tpot']!r}")
+        elif got["tpot"] is None or not math.isclose(got["tpot"], expected["tpot"], rel_tol=1e-9, abs_tol=1e-12):
+            _fail(f"{shown}: tpot={got['tpot']!r}, expected {expected['tpot']:.6f}: (E2E - TTFT) / "
+                  "(output tokens - 1), the mean gap AFTER the first token")
+        itl = list(got["itl"])
+        if len(itl) != len(expected["itl"]) or not all(
+                math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) for a, b in zip(itl, expected["itl"])):
+            _fail(f"{shown}: itl={itl!r}, expected {[round(x, 6) for x in expected['itl']]}: one gap per pair "
+                  "of consecutive tokens (the wait for the first token is TTFT, not an ITL)")
+    print(f"check_stream_metrics: correct on {len(cases)} streams, same as minillm.request.RequestMetrics")
+
+
+# ---------------------------------------------------------------------------
+# 3. How many steps does a prompt need?
+# ---------------------------------------------------------------------------
+class _CountingExecutor:
+    """Stands in for the model: a fixed token, one time unit per step."""
+
+    def execute(self, plan, samples):
+        return {r.request_id: 0 for (r, _), s in zip(plan.scheduled, samples) if s}, 1.0
+
+    def release(self, request):
+        pass
+
+
+def engine_num_prefill_steps(prompt_len: int, chunk_size: int, num_decoding: int,
+                             token_budget: int | None) -> int:
+    """Run the engine (fake executor): streams decoding, then the prompt; count
+    the steps from its arrival to its first token."""
+    max_num_seqs = num_decoding + 1
+    if token_budget is not None and token_budget < max_num_seqs:
+        raise ValueError(f"token_budget={token_budget} < {max_num_seqs} running requests")
+    config = SchedulerConfig(policy="chunked", chunk_size=chunk_size, token_budget=token_budget,
+                             max_num_seqs=max_num_seqs)
+    block_size = 16
+    stream_len = prompt_len + 64
+    blocks = BlockManager(max_num_seqs * (stream_len // block_size + 2), block_size)
+    core = EngineCore(config, blocks, _CountingExecutor(), VirtualClock())
+    params = SamplingParams(max_tokens=stream_len, ignore_eos=True)
+    streams = [core.add_request(None, params, prompt_len=1) for _ in range(num_decoding)]
+    while not all(core.requests[i].output_token_ids for i in streams):
+        core.step()
+    rid = core.add_request(None, SamplingParams(max_tokens=1, ignore_eos=True), prompt_len=prompt_len)
+    steps = 0
+    while not core.requests[rid].output_token_ids:
+        core.step()
+        steps += 1
+    return steps
+
+
+def check_num_prefill_steps(fn, seed: int | None = None):
+    """fn(prompt_len, chunk_size, num_decoding, token_budget) -> steps until the first token."""
+    rng = random.Random(seed)
+    cases = [(2048, 512, 4, None), (1024, 256, 0, None), (1000, 512, 4, 516), (1000, 512, 100, 300), (1, 64, 3, None)]
+    for _ in range(12):
+        num_decoding = rng.randint(0, 16)
+        token_budget = rng.choice([None, num_decoding + rng.randint(1, 300)])
+        cases.append((rng.randint(1, 1500), rng.choice([16, 64, 128, rng.randint(1, 700)]), num_decoding,
+                      token_budget))
+    for prompt_len, chunk_size, num_decoding, token_budget in cases:
+        expected = engine_num_prefill_steps(prompt_len, chunk_size, num_decoding, token_budget)
+        got = fn(prompt_len, chunk_size, num_decoding, token_budget)
+        if got != expected:
+            _fail(f"prompt_len={prompt_len}, chunk_size={chunk_size}, {num_decoding} streams decoding, "
+                  f"token_budget={token_budget}: you predict {got!r} steps, the engine took {expected}. "
+                  "Each step the decodes take their tokens first; the prompt gets what is left, at most chunk_size.")
+    print(f"check_num_prefill_steps: correct on {len(cases)} cases, same step counts as the engine")
