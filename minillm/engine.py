@@ -261,16 +261,21 @@ class ModelExecutor:
         self._generators.pop(request.request_id, None)
 
 
+CPU_POOL_CAP_BYTES = 256 * 2**20
+
+
 def default_num_blocks(model, max_num_seqs: int, block_size: int) -> int:
     """Enough for max_num_seqs requests of full context, capped at a share of
-    the memory that is free (half of a GPU's free memory, a tenth of RAM)."""
+    the memory that is free: half of a GPU's free memory; on the CPU a tenth
+    of the available RAM and at most 256 MiB (the pool is zero-filled, and
+    notebooks build many engines)."""
     cfg = model.cfg
     wanted = max_num_seqs * blocks_for(cfg.max_position, block_size)
     bytes_per_block = cfg.kv_bytes_per_token(model.dtype.itemsize) * block_size
     if model.device.type == "cuda":
         free_bytes = torch.cuda.mem_get_info(model.device)[0] // 2
     else:
-        free_bytes = _available_ram_bytes() // 10
+        free_bytes = min(_available_ram_bytes() // 10, CPU_POOL_CAP_BYTES)
     return max(1, min(wanted, free_bytes // bytes_per_block))
 
 
