@@ -13,6 +13,7 @@ p % block_size; its flat slot is block * block_size + offset.
 from __future__ import annotations
 
 from collections import deque
+from numbers import Integral
 
 import torch
 
@@ -27,7 +28,14 @@ class OutOfBlocksError(RuntimeError):
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
+    """Blocks needed to hold num_tokens tokens: the ceiling of num_tokens / block_size."""
     return -(-num_tokens // block_size)
+
+
+def _check_num_tokens(num_tokens, arg: str = "num_tokens") -> int:
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, Integral) or num_tokens < 0:
+        raise ValueError(f"{arg}={num_tokens!r}: must be a non-negative integer number of tokens")
+    return int(num_tokens)
 
 
 class BlockManager:
@@ -51,6 +59,7 @@ class BlockManager:
 
     def blocks_missing(self, request_id, num_tokens: int) -> int:
         """How many more blocks request_id needs to hold num_tokens tokens."""
+        num_tokens = _check_num_tokens(num_tokens)
         have = len(self.block_tables.get(request_id, ()))
         return max(0, blocks_for(num_tokens, self.block_size) - have)
 
@@ -72,6 +81,12 @@ class BlockManager:
     def share(self, src_id, dst_id, num_tokens: int) -> list[int]:
         """Let dst_id reuse the blocks holding src_id's first num_tokens tokens
         (whole blocks only): the basis of prefix caching."""
+        if src_id not in self.block_tables:
+            raise ValueError(f"src_id={src_id!r}: no such request holds blocks")
+        if self.block_tables.get(dst_id):
+            # Replacing a table that owns blocks would leak them.
+            raise ValueError(f"dst_id={dst_id!r} already holds blocks; share before allocating")
+        num_tokens = _check_num_tokens(num_tokens)
         shared = self.block_tables[src_id][:num_tokens // self.block_size]
         for block in shared:
             self.ref_counts[block] += 1
@@ -87,7 +102,11 @@ class BlockManager:
 
     def slot_mapping(self, request_id, start: int, end: int) -> list[int]:
         """Flat cache slots of positions [start, end) of request_id."""
+        if request_id not in self.block_tables:
+            raise ValueError(f"request_id={request_id!r}: holds no blocks; allocate first")
         table = self.block_tables[request_id]
+        if not 0 <= start <= end:
+            raise ValueError(f"start={start}, end={end}: need 0 <= start <= end")
         if end > len(table) * self.block_size:
             raise ValueError(f"end={end}: request {request_id!r} has blocks for only "
                              f"{len(table) * self.block_size} tokens; allocate first")
@@ -97,7 +116,8 @@ class BlockManager:
     def num_leaked_blocks(self) -> int:
         """Blocks neither free nor owned by any table (must always be 0)."""
         owned = {b for table in self.block_tables.values() for b in table}
-        return self.num_blocks - self.num_free_blocks - len(owned)
+        free = set(self.free_blocks)
+        return sum(1 for b in range(self.num_blocks) if b not in owned and b not in free)
 
 
 class PagedKVCache:
@@ -107,10 +127,9 @@ class PagedKVCache:
                  head_dim: int, dtype=torch.float32, device="cpu"):
         self.block_size = block_size
         self.num_blocks = num_blocks
-        # torch.empty: the OS hands out pages only when a block is first
-        # written, so a large pool costs nothing until used. Readers must
-        # never look at slots that were not written (attention masks them).
-        self.data = torch.empty(num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim,
+        # Zeros, not empty: attention reads whole blocks and masks the unused
+        # slots, and a masked slot must hold a finite number (NaN * 0 = NaN).
+        self.data = torch.zeros(num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim,
                                 dtype=dtype, device=device)
 
     @classmethod
@@ -137,3 +156,8 @@ class PagedKVCache:
 def kv_bytes_per_token(cfg, dtype_bytes: int = 2) -> int:
     """2 (K and V) x layers x kv heads x head dim x bytes per element."""
     return cfg.kv_bytes_per_token(dtype_bytes)
+
+
+def blocks_that_fit(cfg, num_bytes: int, block_size: int, dtype_bytes: int = 2) -> int:
+    """How many blocks of block_size tokens fit in num_bytes of KV memory."""
+    return int(num_bytes) // (block_size * kv_bytes_per_token(cfg, dtype_bytes))

@@ -1,0 +1,115 @@
+# %% [markdown]
+# # Exercises 4: Chunked prefill is exact
+#
+# Write each function, then run the check cell below it: it compares your function with
+# the engine on fresh random inputs and says what is wrong.
+
+# %%
+import torch
+
+import minillm
+import minillm.exercises as ex
+from minillm.attention import AttentionBatch
+from minillm.kv_cache import BlockManager, PagedKVCache
+
+# %% [markdown]
+# ## 1. The mask of a chunk
+#
+# `chunk_mask(q_len, k_len)`: a boolean tensor `[q_len, k_len]`, True where query `i` of a
+# chunk may attend to key `j`. The chunk's queries are the **last** `q_len` of the `k_len`
+# positions (the keys before them are the cached prefix). Do not call
+# `minillm.attention.causal_mask`: build it from `torch.arange`.
+
+# %%
+def chunk_mask(q_len, k_len):
+    ### BEGIN SOLUTION
+    query_pos = torch.arange(q_len)[:, None] + (k_len - q_len)
+    return torch.arange(k_len)[None, :] <= query_pos
+    ### END SOLUTION
+
+# %%
+ex.check_chunk_mask(chunk_mask)
+print(chunk_mask(3, 8).int())
+
+# %% [markdown]
+# ## 2. Chunk boundaries
+#
+# `chunk_bounds(num_tokens, chunk_size)`: the list of `(start, end)` pairs that split
+# `[0, num_tokens)` into chunks of `chunk_size` tokens, in order; the last may be shorter.
+
+# %%
+def chunk_bounds(num_tokens, chunk_size):
+    ### BEGIN SOLUTION
+    return [(start, min(start + chunk_size, num_tokens)) for start in range(0, num_tokens, chunk_size)]
+    ### END SOLUTION
+
+# %%
+ex.check_chunk_bounds(chunk_bounds)
+assert chunk_bounds(10, 4) == [(0, 4), (4, 8), (8, 10)]
+
+# %% [markdown]
+# ## 3. Your own chunked prefill
+#
+# `chunked_prefill(model, token_ids, chunk_size)`: run the prompt chunk by chunk through
+# `model.forward(token_ids, positions, batch, kv_cache, backend="reference")` and return
+# the KV `[num_layers, 2, T, num_kv_heads, head_dim]`. You need, per chunk: its token ids
+# as a tensor, its **absolute** positions, and an `AttentionBatch(query_lens, cached_lens,
+# block_tables, block_size, slot_mapping)`. Set up one `BlockManager` and one
+# `PagedKVCache.for_model(model.cfg, num_blocks, block_size, model.dtype, model.device)`
+# first; `kv_cache.gather(block_table, T)` reads the result back. The checker compares with
+# `minillm.prefill_kv` in float64 and, when you are off, says at which layer and position.
+
+# %%
+def chunked_prefill(model, token_ids, chunk_size, block_size=16):
+    ### BEGIN SOLUTION
+    T = len(token_ids)
+    blocks = BlockManager(-(-T // block_size), block_size)
+    table = blocks.allocate("prompt", T)
+    cache = PagedKVCache.for_model(model.cfg, blocks.num_blocks, block_size, model.dtype, model.device)
+    for start, end in chunk_bounds(T, chunk_size):
+        batch = AttentionBatch(query_lens=[end - start], cached_lens=[start], block_tables=[table],
+                               block_size=block_size,
+                               slot_mapping=torch.tensor(blocks.slot_mapping("prompt", start, end)))
+        model(torch.tensor(token_ids[start:end]), torch.arange(start, end), batch, cache,
+              backend="reference")
+    return cache.gather(table, T)
+    ### END SOLUTION
+
+# %%
+ex.check_chunked_prefill(chunked_prefill)
+
+# %% [markdown]
+# ## 4. Which bug is it?
+#
+# Make a copy of your `chunked_prefill` that passes `torch.arange(0, end - start)` as the
+# positions (bug 3 of the chapter) and measure, per layer, the largest KV error against
+# `minillm.prefill_kv`. Return the list of per-layer errors from `position_bug_errors`.
+# Which layer is already wrong, and why does that point at the positions rather than the
+# mask?
+
+# %%
+def position_bug_errors(model, token_ids, chunk_size, block_size=16):
+    ### BEGIN SOLUTION
+    T = len(token_ids)
+    blocks = BlockManager(-(-T // block_size), block_size)
+    table = blocks.allocate("prompt", T)
+    cache = PagedKVCache.for_model(model.cfg, blocks.num_blocks, block_size, model.dtype, model.device)
+    for start, end in chunk_bounds(T, chunk_size):
+        batch = AttentionBatch([end - start], [start], [table], block_size,
+                               torch.tensor(blocks.slot_mapping("prompt", start, end)))
+        model(torch.tensor(token_ids[start:end]), torch.arange(0, end - start), batch, cache,
+              backend="reference")
+    full, _ = minillm.prefill_kv(model, token_ids)
+    return [(cache.gather(table, T)[layer] - full[layer]).abs().max().item()
+            for layer in range(model.cfg.num_layers)]
+    ### END SOLUTION
+
+# %%
+cfg = minillm.ModelConfig(name="ex", vocab_size=64, hidden_size=64, intermediate_size=128,
+                          num_layers=2, num_heads=4, num_kv_heads=2, max_position=256)
+model = minillm.build_model(cfg, seed=0, dtype=torch.float64)
+tokens = torch.randint(0, 64, (60,), generator=torch.Generator().manual_seed(0)).tolist()
+errors = position_bug_errors(model, tokens, chunk_size=16)
+print("max KV error per layer:", [f"{e:.1e}" for e in errors])
+assert errors[0] > 1e-3, "layer 0's keys are stored after RoPE, so wrong positions show there"
+assert position_bug_errors(model, tokens, chunk_size=60)[0] < 1e-12, "one chunk hides the bug"
