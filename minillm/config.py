@@ -48,6 +48,9 @@ class ModelConfig:
                 raise ValueError(f"hidden_size={self.hidden_size} is not divisible by "
                                  f"num_heads={self.num_heads}; give head_dim explicitly")
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        if not isinstance(self.head_dim, int) or self.head_dim < 2 or self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim!r}: must be a positive even integer "
+                             "(RoPE rotates pairs of dimensions)")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_kv_heads={self.num_kv_heads}: must divide "
                              f"num_heads={self.num_heads} (grouped-query attention)")
@@ -104,6 +107,12 @@ class ModelConfig:
         """Read a Hugging Face config.json (as a dict) of a Llama-family model."""
         if not isinstance(hf, dict):
             raise TypeError(f"hf config must be a dict, got {type(hf).__name__}")
+        required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                    "num_attention_heads")
+        missing = [key for key in required if hf.get(key) is None]
+        if missing:
+            raise ValueError(f"hf config lacks {missing}: not a decoder config.json "
+                             f"(need {list(required)})")
         archs = hf.get("architectures") or []
         arch = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:

@@ -69,7 +69,10 @@ def load_hf_model(path, dtype=None, device=None, backend: str = "sdpa") -> Llama
     config_file = path / "config.json"
     if not config_file.exists():
         raise ValueError(f"path={str(path)!r}: no config.json; expected a Hugging Face checkpoint directory")
-    hf = json.loads(config_file.read_text())
+    try:
+        hf = json.loads(config_file.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"path={str(path)!r}: config.json is not valid JSON ({e})") from None
     cfg = ModelConfig.from_hf_config(hf)
     device = resolve_device(device)
     if dtype is None:
@@ -81,7 +84,11 @@ def load_hf_model(path, dtype=None, device=None, backend: str = "sdpa") -> Llama
         state.pop("lm_head.weight", None)
     # Rotary tables are recomputed, never loaded.
     state = {k: v for k, v in state.items() if "rotary_emb" not in k}
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:   # a tensor of the wrong shape: config.json and weights disagree
+        first = next((line.strip() for line in str(e).splitlines() if "size mismatch" in line), str(e))
+        raise ValueError(f"path={str(path)!r}: weights do not fit config.json: {first}") from None
     if missing or unexpected:
         raise ValueError(f"path={str(path)!r}: checkpoint does not match a {cfg.architecture} model "
                          f"(missing {missing[:4]}, unexpected {unexpected[:4]})")

@@ -128,8 +128,10 @@ def prefill_kv(model, token_ids, chunk_size=None, backend=None, block_size: int 
 def prepare_step(model, shape, seed: int = 0, block_size: int = 16, backend=None):
     """Set up one step of a given shape; return a callable that runs it.
 
-    shape: [(num_new_tokens, num_cached_tokens[, samples]), ...]. The cached
-    prefixes (random tokens) are written to a fresh cache here, so that the
+    shape: [(num_new_tokens, num_cached_tokens[, samples]), ...]. Each
+    request's cached prefix is filled with seeded random K and V (a step's
+    cost depends on the shapes, not the values, and running the model over
+    8 x 2048 cached tokens would take longer than the step itself), so the
     returned zero-argument function runs exactly one forward step: the thing
     to time or to count FLOPs of. It returns the logits of the sampled rows.
     """
@@ -147,14 +149,20 @@ def prepare_step(model, shape, seed: int = 0, block_size: int = 16, backend=None
     runner = ModelRunner(model, blocks, backend=backend)
     vocab = model.cfg.vocab_size
     tokens = torch.randint(0, vocab, (total,), generator=generator).tolist()
-    chunks, prefixes, offset = [], [], 0
+    chunks, offset = [], 0
     for i, (num_new, num_cached, samples) in enumerate(entries):
         blocks.allocate(i, num_cached + num_new)
         prompt = tokens[offset:offset + num_cached + num_new]
         offset += num_cached + num_new
         if num_cached:
-            prefixes.append(StepChunk(i, prompt[:num_cached], 0, sample=False))
+            _fill_random_kv(runner.kv_cache, blocks.slot_mapping(i, 0, num_cached), generator)
         chunks.append(StepChunk(i, prompt[num_cached:], num_cached, sample=samples))
-    if prefixes:
-        runner.execute(prefixes)
     return lambda: runner.execute(chunks)
+
+
+def _fill_random_kv(kv_cache: PagedKVCache, slots: list[int], generator: torch.Generator) -> None:
+    """Seeded random K and V (unit scale, like RoPE'd keys) in the given slots."""
+    data = kv_cache.data                                   # [L, 2, blocks, block_size, Hkv, D]
+    flat = data.view(data.shape[0], 2, -1, *data.shape[4:])
+    values = torch.randn((data.shape[0], 2, len(slots), *data.shape[4:]), generator=generator)
+    flat[:, :, torch.as_tensor(slots, device=data.device)] = values.to(dtype=data.dtype, device=data.device)

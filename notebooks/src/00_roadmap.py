@@ -1,0 +1,202 @@
+# %% [markdown]
+# # Chapter 0: Roadmap: why one long prompt freezes everyone else
+#
+# **The question.** A server is streaming answers to a few users, one token at a time.
+# Then someone pastes a 2048-token document. Why does every other stream freeze
+# while that prompt is read, and for how long?
+#
+# **What you will have by the end of the book:** a small but real inference engine
+# (`minillm/`) that batches many requests into one forward pass, keeps their keys and
+# values in a paged cache, splits long prompts into chunks so that nobody stalls, and a
+# lab where you move a slider and watch the trade-off between the first token and the
+# next ones. This chapter sets up the vocabulary and measures the problem live, on
+# this machine, with the engine's built-in model.
+
+# %%
+import statistics
+import time
+
+import matplotlib.pyplot as plt
+import torch
+from IPython.display import Markdown, display
+
+import minillm
+from minillm.device import synchronize
+from minillm.model_runner import prepare_step
+
+torch.manual_seed(0)
+device = minillm.default_device()
+print("device:", device)
+
+# %% [markdown]
+# ## 1. Two phases of one request
+#
+# A language model turns a prompt into a continuation one token at a time. Each
+# request goes through two phases:
+#
+# - **Prefill**: the whole prompt goes through the model in one forward pass. Every
+#   prompt token's key and value is computed and stored (the *KV cache*), and the
+#   logits at the last position give the first output token. Many tokens per pass:
+#   big matrix multiplications, limited by arithmetic.
+# - **Decode**: each later pass feeds *one* new token per request, reads the whole KV
+#   cache and the weights, and produces the next token. Few tokens per pass: limited
+#   by how fast memory can be read.
+#
+# Users feel two latencies, named as in the serving benchmarks:
+#
+# - **TTFT**, time to first token: from the request's arrival to its first output token
+#   (queueing plus prefill).
+# - **TPOT**, time per output token: for one request,
+#   `(end-to-end time - TTFT) / (output tokens - 1)`, the *mean* gap between its later
+#   tokens. Its companion **ITL** (inter-token latency) keeps every gap separately; a
+#   stall is one long gap, which barely moves the mean and dominates the worst case.
+#
+# The engine's built-in model (preset `"tiny"`) is a 4-layer Llama-style decoder with
+# random weights: it babbles, but its cost per token has the shape of a real model's.
+
+# %%
+model = minillm.build_model("tiny", seed=0, device=device)
+cfg = model.cfg
+print(f"{cfg.name}: {cfg.num_parameters() / 1e6:.1f} M parameters, {cfg.num_layers} layers, "
+      f"hidden {cfg.hidden_size}, {cfg.num_heads} query heads sharing {cfg.num_kv_heads} KV heads")
+
+# %% [markdown]
+# ## 2. The problem, measured
+#
+# The engine runs in *steps*: one forward pass over the new tokens of every request
+# in the step. `prepare_step(model, shape)` sets up a step of a given shape, writing
+# any cached prefixes first, and returns a function that runs exactly that one step.
+# We time two steps:
+#
+# - a prefill of one 2048-token prompt: shape `[(2048, 0)]` (2048 new tokens, none cached);
+# - a decode step of 8 streams, each with 2048 tokens already cached: `[(1, 2048)] * 8`.
+#
+# (Setting up the decode step prefills the 8 contexts first, 16384 tokens, so the next
+# cell takes a while on a CPU.)
+
+# %%
+def time_step(run, repeats: int, warm_up: bool = True) -> float:
+    """Median wall-clock seconds of one step (after one untimed run if warm_up)."""
+    if warm_up:
+        run()
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        run()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+prefill_step = prepare_step(model, [(2048, 0)])
+decode_step = prepare_step(model, [(1, 2048)] * 8)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# On a CPU one prefill takes seconds, and setting up the decode step already ran the
+# model on 16384 tokens: one timed run is enough. A GPU is fast and noisy: warm up, repeat.
+on_cpu = device.type == "cpu"
+prefill_s = time_step(prefill_step, repeats=1 if on_cpu else 10, warm_up=not on_cpu)
+decode_s = time_step(decode_step, repeats=5)
+print(f"prefill of 2048 tokens:             {prefill_s * 1e3:8.1f} ms")
+print(f"decode step of 8 streams (1 token): {decode_s * 1e3:8.1f} ms")
+print(f"the prefill step is {prefill_s / decode_s:.1f}x longer than a decode step")
+
+# %%
+assert prefill_s > decode_s, "a 2048-token prefill should take longer than a one-token decode step"
+
+# %% [markdown]
+# ## 3. What a decoding stream sees
+#
+# Suppose the engine runs prompts as soon as they arrive and makes the decodes wait
+# (the policy `"prefill_first"` of chapter 6). A stream that was getting a token every
+# decode step now waits one whole prefill step, once. Below, one stream generates 40
+# tokens, and the long prompt arrives after its 20th.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+num_tokens, stall_after = 40, 20
+gaps = [decode_s] * (num_tokens - 1)
+gaps[stall_after - 1] = prefill_s + decode_s            # the step that ran the prefill
+token_times = [0.0]
+for gap in gaps:
+    token_times.append(token_times[-1] + gap)
+mean_tpot = (token_times[-1] - token_times[0]) / (num_tokens - 1)
+max_itl = max(gaps)
+
+fig, ax = plt.subplots(figsize=(8, 2.6))
+ax.eventplot([token_times], lineoffsets=0, linelengths=0.8, colors="tab:blue")
+ax.axvspan(token_times[stall_after - 1], token_times[stall_after], color="tab:red", alpha=0.2,
+           label="someone else's 2048-token prefill")
+ax.set_yticks([])
+ax.set_xlabel("time since the stream's first token (s)")
+ax.set_title(f"A 2048-token prefill stalls a decoding stream for {max_itl * 1e3:.0f} ms "
+             f"({max_itl / decode_s:.0f}x its usual gap)")
+ax.legend(loc="upper left")
+plt.show()
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+display(Markdown(
+    f"Every other gap is one decode step, **{decode_s * 1e3:.0f} ms**; the stalled gap is "
+    f"**{max_itl * 1e3:.0f} ms**. Averaged over the stream's {num_tokens} tokens, the mean TPOT "
+    f"only grows from {decode_s * 1e3:.0f} to **{mean_tpot * 1e3:.0f} ms**, while the largest "
+    f"inter-token latency is {max_itl / decode_s:.0f} times the usual one. That is why the book "
+    "reports ITL percentiles and the maximum, not just the mean."))
+
+# %%
+assert max_itl > mean_tpot > decode_s
+
+# %% [markdown]
+# The tiny model on a CPU is a stand-in. What about a real model on a real GPU? The
+# engine's cost model (chapter 5 derives it from FLOPs and bytes) predicts the same two
+# steps for Llama-3-8B in bf16 on an A100-80GB:
+
+# %%
+from minillm.simulator import predict_step
+
+llama3 = minillm.ModelConfig.preset("llama-3-8b")
+gpu_prefill_s = predict_step(llama3, [(2048, 0)], hardware="A100-80GB").total
+gpu_decode_s = predict_step(llama3, [(1, 2048)] * 8, hardware="A100-80GB").total
+print(f"Llama-3-8B on an A100-80GB (predicted): prefill of 2048 tokens {gpu_prefill_s * 1e3:.0f} ms, "
+      f"decode step of 8 streams {gpu_decode_s * 1e3:.1f} ms: a {gpu_prefill_s / gpu_decode_s:.0f}x stall")
+assert gpu_prefill_s > 5 * gpu_decode_s
+
+# %% [markdown]
+# Same story, different scale. (Write-ups on chunked prefill often quote about 200 ms for
+# a 7B model's 2048-token prefill on an A100 and about 5 ms per decode step; chapter 5
+# checks such numbers against the FLOPs and bytes.)
+#
+# The fix this book builds is **chunked prefill**: split the long prompt into chunks of,
+# say, 512 tokens, and run one chunk per step *together with* every stream's decode
+# token. No stream waits a whole prefill; each step grows by one chunk. The price: the
+# long prompt's own first token arrives no sooner (it is read in four pieces instead of
+# one), and every chunk re-reads the cached prefix. Whether that is a good trade, and
+# how to pick the chunk size, is what the rest of the book measures.
+#
+# ## 4. The map of the book
+#
+# | Chapter | Question | You build |
+# |---|---|---|
+# | 00 roadmap | Why does one long prompt stall everyone? | this measurement |
+# | 01 causal attention | What does a query attend to when its prefix is cached? | masks, the bottom-right trap, the log-sum-exp merge |
+# | 02 the model | What is in a forward pass, and is it the real model? | RoPE, GQA, a checkpoint matching Hugging Face |
+# | 03 KV cache | How are keys and values stored for thousands of requests? | blocks, block tables, slot mapping |
+# | 04 chunked prefill is exact | Does splitting the prompt change the answer? | a proof and its float64/float32/bf16 measurement |
+# | 05 FLOPs and IO | What does a step cost, and what limits it? | the cost model, the roofline |
+# | 06 the scheduler | Who gets the next step? | prefill-first, decode-first and chunked policies |
+# | 07 the lab | Which chunk size should I choose? | a simulator and sliders over TTFT and ITL |
+#
+# ## Takeaways
+#
+# - A request is prefilled once (many tokens, compute-bound) and then decoded one token
+#   per step (memory-bound).
+# - TTFT measures the wait for the first token; TPOT is the mean gap after it; ITL keeps
+#   every gap, and a stall shows up in its tail.
+# - On this machine a 2048-token prefill step takes many decode steps' worth of time
+#   (measured above); a stream caught behind it stalls for the whole prefill.
+# - Chunked prefill removes the stall by mixing prompt chunks with decodes; the next
+#   chapters build and measure every piece of it.
+#
+# There are no exercises for this chapter; chapter 1 has the first ones.

@@ -1,0 +1,256 @@
+"""attention.py: masks, the reference, the merge, and every backend against float64."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+from minillm import attention
+from minillm.attention import (AttentionBatch, causal_mask, gather_kv, merge_attention,
+                               paged_attention, reference_attention, sdpa_attention, write_kv)
+from minillm.kv_cache import BlockManager
+
+
+def _qkv(n, m, num_heads=4, num_kv_heads=2, head_dim=8, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(n, num_heads, head_dim, generator=g, dtype=dtype)
+    k = torch.randn(m, num_kv_heads, head_dim, generator=g, dtype=dtype)
+    v = torch.randn(m, num_kv_heads, head_dim, generator=g, dtype=dtype)
+    return q, k, v
+
+
+def _loop_attention(q, k, v):
+    """The definition, one query and one head at a time: query i sits at m - n + i."""
+    n, num_heads, head_dim = q.shape
+    m, num_kv_heads, _ = k.shape
+    out = torch.zeros_like(q)
+    for h in range(num_heads):
+        kv_head = h // (num_heads // num_kv_heads)
+        for i in range(n):
+            visible = m - n + i + 1
+            scores = k[:visible, kv_head] @ q[i, h] / math.sqrt(head_dim)
+            out[i, h] = torch.softmax(scores, 0) @ v[:visible, kv_head]
+    return out
+
+
+# ---- masks -------------------------------------------------------------------
+def test_bottom_right_mask_lets_a_chunk_see_its_whole_prefix():
+    mask = causal_mask(2, 5)
+    assert mask.tolist() == [[True, True, True, True, False], [True, True, True, True, True]]
+
+
+def test_top_left_mask_hides_the_prefix_from_a_chunk():
+    mask = causal_mask(2, 5, align="top_left")
+    assert mask.tolist() == [[True, False, False, False, False], [True, True, False, False, False]]
+
+
+def test_square_masks_are_the_same_for_both_alignments():
+    assert torch.equal(causal_mask(6, 6), causal_mask(6, 6, align="top_left"))
+
+
+def test_bad_mask_arguments_are_value_errors_naming_them():
+    with pytest.raises(ValueError, match="align="):
+        causal_mask(2, 3, align="diagonal")
+    with pytest.raises(ValueError, match="q_len=-1"):
+        causal_mask(-1, 3)
+
+
+def test_torch_sdpa_is_causal_is_top_left_for_a_chunk():
+    # The trap the book teaches: if torch ever changes this, chapter 1 must too.
+    q, k, v = _qkv(3, 7, num_heads=2, num_kv_heads=2)
+    qh, kh, vh = (x.transpose(0, 1) for x in (q, k, v))
+    top_left = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True).transpose(0, 1)
+    torch.testing.assert_close(top_left, reference_attention(q, k, v, align="top_left"))
+    assert not torch.allclose(top_left, _loop_attention(q, k, v))
+
+
+def test_causal_lower_right_is_the_bottom_right_fix():
+    from torch.nn.attention.bias import causal_lower_right
+    q, k, v = _qkv(3, 7, num_heads=2, num_kv_heads=2)
+    qh, kh, vh = (x.transpose(0, 1)[None] for x in (q, k, v))
+    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=causal_lower_right(3, 7))
+    torch.testing.assert_close(out[0].transpose(0, 1), _loop_attention(q, k, v))
+
+
+# ---- single sequence ---------------------------------------------------------
+@pytest.mark.parametrize("n,m", [(1, 1), (5, 5), (1, 9), (4, 11)])
+def test_reference_attention_is_the_definition(n, m):
+    q, k, v = _qkv(n, m)
+    torch.testing.assert_close(reference_attention(q, k, v), _loop_attention(q, k, v),
+                               atol=1e-12, rtol=0)
+
+
+def test_reference_attention_without_mask_sees_every_key():
+    q, k, v = _qkv(3, 3, num_heads=2, num_kv_heads=2)
+    out = reference_attention(q, k, v, causal=False)
+    # The first query now sees the future, so it must differ from causal attention.
+    assert not torch.allclose(out[0], reference_attention(q, k, v)[0])
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 12), extra=st.integers(0, 20), group=st.sampled_from([1, 2, 4]),
+       num_kv_heads=st.sampled_from([1, 2]), seed=st.integers(0, 10**6))
+def test_sdpa_attention_agrees_with_float64_reference_on_random_shapes(n, extra, group, num_kv_heads, seed):
+    q, k, v = _qkv(n, n + extra, num_heads=group * num_kv_heads, num_kv_heads=num_kv_heads, seed=seed)
+    torch.testing.assert_close(sdpa_attention(q, k, v), reference_attention(q, k, v),
+                               atol=1e-10, rtol=0)
+
+
+def test_sdpa_attention_in_float32_agrees_with_float64_reference():
+    q, k, v = _qkv(6, 20, num_heads=8, num_kv_heads=2)
+    out = sdpa_attention(q.float(), k.float(), v.float())
+    torch.testing.assert_close(out.double(), reference_attention(q, k, v), atol=1e-5, rtol=0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 8), m_a=st.integers(1, 10), m_b=st.integers(1, 10), seed=st.integers(0, 10**6))
+def test_merging_two_partial_attentions_equals_attention_over_the_union(n, m_a, m_b, seed):
+    q, k, v = _qkv(n, m_a + m_b, seed=seed)
+    out_a, lse_a = reference_attention(q, k[:m_a], v[:m_a], causal=False, return_lse=True)
+    out_b, lse_b = reference_attention(q, k[m_a:], v[m_a:], causal=False, return_lse=True)
+    merged, lse = merge_attention(out_a, lse_a, out_b, lse_b)
+    whole, lse_whole = reference_attention(q, k, v, causal=False, return_lse=True)
+    torch.testing.assert_close(merged, whole, atol=1e-12, rtol=0)
+    torch.testing.assert_close(lse, lse_whole, atol=1e-12, rtol=0)
+
+
+def test_merge_of_cached_prefix_and_causal_chunk_is_chunk_attention():
+    """A chunk attends to its cache (no mask) and to itself (causal): merged, that is the chunk's attention."""
+    q, k, v = _qkv(4, 10)
+    out_a, lse_a = reference_attention(q, k[:6], v[:6], causal=False, return_lse=True)
+    out_b, lse_b = reference_attention(q, k[6:], v[6:], causal=True, return_lse=True)
+    merged, _ = merge_attention(out_a, lse_a, out_b, lse_b)
+    torch.testing.assert_close(merged, _loop_attention(q, k, v), atol=1e-12, rtol=0)
+
+
+# ---- the sdpa backend never aligns top-left ------------------------------------
+def _record_sdpa_calls(monkeypatch):
+    calls = []
+    real = F.scaled_dot_product_attention
+
+    def recording(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kw):
+        calls.append((q.shape[-2], k.shape[-2], is_causal, attn_mask is not None))
+        return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", recording)
+    return calls
+
+
+def _packed_step(query_lens, cached_lens, block_size=4, num_heads=4, num_kv_heads=2, head_dim=8,
+                 seed=0, dtype=torch.float64):
+    """A packed step over a paged cache, plus each sequence's contiguous q, k, v."""
+    g = torch.Generator().manual_seed(seed)
+    seq_lens = [c + n for c, n in zip(cached_lens, query_lens)]
+    manager = BlockManager(sum(-(-s // block_size) for s in seq_lens) + 3, block_size)
+    manager.allocate("pad", 2 * block_size)            # so tables do not start at block 0
+    shape = (manager.num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache, v_cache = torch.randn(shape, generator=g, dtype=dtype), torch.randn(shape, generator=g, dtype=dtype)
+    seqs, qs, k_new, v_new, slots = [], [], [], [], []
+    for b, (n, c) in enumerate(zip(query_lens, cached_lens)):
+        manager.allocate(b, c + n)
+        q, k, v = _qkv(n, c + n, num_heads, num_kv_heads, head_dim, seed=seed + 1 + b, dtype=dtype)
+        prefix_slots = torch.tensor(manager.slot_mapping(b, 0, c), dtype=torch.long)
+        write_kv(k_cache, v_cache, k[:c], v[:c], prefix_slots)       # the cached prefix
+        seqs.append((q, k, v))
+        qs.append(q), k_new.append(k[c:]), v_new.append(v[c:])
+        slots += manager.slot_mapping(b, c, c + n)
+    batch = AttentionBatch(query_lens=list(query_lens), cached_lens=list(cached_lens),
+                           block_tables=[manager.block_tables[b] for b in range(len(query_lens))],
+                           block_size=block_size, slot_mapping=torch.tensor(slots, dtype=torch.long))
+    return (torch.cat(qs), torch.cat(k_new), torch.cat(v_new), k_cache, v_cache, batch), seqs
+
+
+MIXED_STEPS = [
+    ([7], [0]),                      # one prefill
+    ([5], [9]),                      # a chunk over a cache
+    ([1, 1, 1], [3, 8, 13]),         # decodes only (batched in sdpa)
+    ([6, 1, 3, 1], [0, 10, 5, 2]),   # prefill, decodes and a chunk packed together
+]
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa"])
+@pytest.mark.parametrize("query_lens,cached_lens", MIXED_STEPS)
+def test_paged_attention_backends_agree_with_float64_reference(backend, query_lens, cached_lens):
+    args, seqs = _packed_step(query_lens, cached_lens)
+    out = paged_attention(*args, backend=backend)
+    expected = torch.cat([_loop_attention(q[:, :], k, v)[:] for q, k, v in seqs])
+    torch.testing.assert_close(out, expected, atol=1e-10, rtol=0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(lens=st.lists(st.tuples(st.integers(1, 9), st.integers(0, 12)), min_size=1, max_size=5),
+       block_size=st.sampled_from([1, 3, 4, 16]), seed=st.integers(0, 10**6))
+def test_paged_attention_sdpa_agrees_with_reference_on_random_packed_steps(lens, block_size, seed):
+    query_lens, cached_lens = [n for n, _ in lens], [c for _, c in lens]
+    args, seqs = _packed_step(query_lens, cached_lens, block_size=block_size, seed=seed)
+    expected = torch.cat([reference_attention(q, k, v) for q, k, v in seqs])
+    for backend in ("reference", "sdpa"):
+        args, _ = _packed_step(query_lens, cached_lens, block_size=block_size, seed=seed)
+        torch.testing.assert_close(paged_attention(*args, backend=backend), expected, atol=1e-10, rtol=0)
+
+
+def test_sdpa_backend_never_uses_is_causal_when_q_and_k_lengths_differ(monkeypatch):
+    calls = _record_sdpa_calls(monkeypatch)
+    for query_lens, cached_lens in MIXED_STEPS:
+        args, seqs = _packed_step(query_lens, cached_lens)
+        out = paged_attention(*args, backend="sdpa")
+        expected = torch.cat([_loop_attention(q, k, v) for q, k, v in seqs])
+        torch.testing.assert_close(out, expected, atol=1e-10, rtol=0)
+    assert calls, "the sdpa backend did not call scaled_dot_product_attention"
+    assert any(q_len != k_len for q_len, k_len, _, _ in calls)
+    for q_len, k_len, is_causal, _ in calls:
+        assert not (is_causal and q_len != k_len), f"is_causal=True with q_len={q_len}, k_len={k_len}"
+
+
+def test_sdpa_attention_with_gqa_on_a_square_never_relies_on_is_causal(monkeypatch):
+    calls = _record_sdpa_calls(monkeypatch)
+    q, k, v = _qkv(5, 5, num_heads=4, num_kv_heads=2)
+    torch.testing.assert_close(sdpa_attention(q, k, v), _loop_attention(q, k, v), atol=1e-10, rtol=0)
+    for q_len, k_len, is_causal, _ in calls:
+        assert not (is_causal and q_len != k_len)
+
+
+# ---- cache helpers and bad input -----------------------------------------------
+def test_write_then_gather_returns_the_tokens_in_order():
+    manager = BlockManager(6, 4)
+    manager.allocate("x", 2)
+    manager.allocate("r", 10)
+    cache = torch.zeros(6, 4, 2, 3)
+    values = torch.arange(10 * 2 * 3, dtype=torch.float32).view(10, 2, 3)
+    write_kv(cache, cache.clone(), values, values, torch.tensor(manager.slot_mapping("r", 0, 10)))
+    assert torch.equal(gather_kv(cache, manager.block_tables["r"], 10), values)
+
+
+def test_unknown_backend_is_a_value_error_naming_backend():
+    args, _ = _packed_step([2], [0])
+    with pytest.raises(ValueError, match="backend='fast'"):
+        paged_attention(*args, backend="fast")
+
+
+def test_flash_backend_refuses_clearly_where_it_cannot_run():
+    args, _ = _packed_step([2], [3], block_size=16)
+    with pytest.raises(ValueError, match="flash-attn|block_size=16"):
+        paged_attention(*args, backend="flash")
+
+
+def test_flash_backend_refuses_float32_or_a_missing_package_with_a_value_error():
+    args, _ = _packed_step([2], [3], block_size=256, dtype=torch.float32)
+    with pytest.raises(ValueError, match="backend='flash'"):
+        paged_attention(*args, backend="flash")
+
+
+# ---- the chapter-1 exercise checkers accept the engine and reject classic mistakes ----
+def test_chapter1_checkers_accept_the_engine_and_reject_a_top_left_mask(capsys):
+    from minillm.exercises import check_attention, check_causal_mask, check_merge_attention
+    assert check_causal_mask(lambda n, m: causal_mask(n, m), seed=0)
+    assert check_attention(reference_attention, seed=0)
+    assert check_merge_attention(merge_attention, seed=0)
+    with pytest.raises(AssertionError, match="top-left"):
+        check_causal_mask(lambda n, m: causal_mask(n, m, align="top_left"), seed=0)
+    with pytest.raises(AssertionError, match="top-left"):
+        check_attention(lambda q, k, v: reference_attention(q, k, v, align="top_left"), seed=0)
+    with pytest.raises(AssertionError, match="weight"):
+        check_merge_attention(lambda oa, la, ob, lb: ((oa + ob) / 2, torch.logaddexp(la, lb)), seed=0)
+    assert "✗" in capsys.readouterr().out
