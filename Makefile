@@ -19,8 +19,11 @@ $(STAMP): requirements.txt pyproject.toml
 
 venv: $(STAMP)
 
+# JupyterLab refuses to run as root unless told; containers often are root.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
 lab: $(STAMP)
-	MPLBACKEND= $(VENV)/bin/jupyter lab --ServerApp.root_dir=. notebooks/00_roadmap.ipynb
+	MPLBACKEND= $(VENV)/bin/jupyter lab $(ROOT_FLAG) --ServerApp.root_dir=. notebooks/00_roadmap.ipynb
 
 # Every test: unit and property tests, then every chapter and solution notebook.
 test: $(STAMP)
