@@ -154,7 +154,7 @@ assert max_itl > mean_tpot > decode_s
 # steps for Llama-3-8B in bf16 on an A100-80GB:
 
 # %%
-from minillm.simulator import predict_step
+from minillm.cost_model import predict_step   # the cost model of chapter 5
 
 llama3 = minillm.ModelConfig.preset("llama-3-8b")
 gpu_prefill_s = predict_step(llama3, [(2048, 0)], hardware="A100-80GB").total
@@ -171,8 +171,9 @@ assert gpu_prefill_s > 5 * gpu_decode_s
 # The fix this book builds is **chunked prefill**: split the long prompt into chunks of,
 # say, 512 tokens, and run one chunk per step *together with* every stream's decode
 # token. No stream waits a whole prefill; each step grows by one chunk. The price: the
-# long prompt's own first token arrives no sooner (it is read in four pieces instead of
-# one), and every chunk re-reads the cached prefix. Whether that is a good trade, and
+# long prompt's own first token arrives no sooner, usually a little later (its 2048
+# tokens take four forward passes instead of one, and each pass also carries the
+# streams' decodes; chapter 6 measures it), and every chunk re-reads the cached prefix. Whether that is a good trade, and
 # how to pick the chunk size, is what the rest of the book measures.
 #
 # ## 4. The map of the book

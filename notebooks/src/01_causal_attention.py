@@ -183,8 +183,8 @@ assert torch.allclose(merged, truth, atol=1e-12, rtol=0)
 # Merging is associative, so the keys can be cut into any number of pieces. Could the
 # error pile up as the pieces get smaller and the merges more numerous? The experiment
 # below merges 512 keys in 1 to 512 blocks. Each merge adds one rounding, so the error
-# creeps up slowly, but it stays at rounding level: about 1e-16 in float64 and below
-# 1e-6 in float32, even after 511 merges.
+# may creep up slowly; the question is whether it ever leaves the rounding level of
+# its dtype (unit roundoff: about 1e-16 in float64, 6e-8 in float32).
 
 # %%
 q_long, k_long, v_long = random_qkv(4, 512, seed=2)
@@ -210,9 +210,15 @@ ax.set_ylabel("max |error| vs one softmax")
 ax.set_title("Merging partial attentions is exact up to rounding, for any number of blocks")
 ax.legend()
 plt.show()
+for dtype, errs in errors.items():
+    print(f"{str(dtype).replace('torch.', ''):8s} max error over all block counts: {max(errs):.1e}")
 assert max(errors[torch.float64]) < 1e-13 and max(errors[torch.float32]) < 1e-5
 
 # %% [markdown]
+# Even after 511 merges both errors stay at the rounding level of their dtype, a small
+# multiple of its unit roundoff (the maxima are printed under the figure), many orders of
+# magnitude below the error of a real bug such as the top-left mask of section 3.
+#
 # ## 5. The engine's attention: packed and paged
 #
 # In the engine, one step packs the new tokens of many requests into one tensor: a

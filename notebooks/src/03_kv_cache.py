@@ -141,7 +141,7 @@ fig, ax = plt.subplots(figsize=(7, 3.2))
 bars = ax.bar(names, kib, color=["C3", "C0", "C0", "C0", "C7"])
 ax.bar_label(bars, [f"{k:.0f}" for k in kib])
 ax.set_ylabel("KV cache per token, bf16 (KiB)")
-ax.set_title("GQA cuts Llama-2-7B's 512 KiB per token to Llama-3-8B's 128 KiB")
+ax.set_title(f"GQA cuts Llama-2-7B's {kib[0]:.0f} KiB per token to Llama-3-8B's {kib[1]:.0f} KiB")
 plt.show()
 
 # %% [markdown]
@@ -216,8 +216,9 @@ assert paged_blocks == sum(blocks_for(n, block_size) for n in lengths.values())
 #
 # ## 4. The engine's block manager
 #
-# `BlockManager` is plain Python: a free list, a reference count per block (chapter 8
-# shares blocks between requests with a common prefix) and a table per request. Allocation
+# `BlockManager` is plain Python: a free list, a reference count per block (so that
+# requests with a common prefix could share blocks, as vLLM's prefix caching does; this
+# book does not use it) and a table per request. Allocation
 # grows a table to hold a given number of tokens, or raises `OutOfBlocksError` without
 # changing anything, so that the scheduler can preempt a request and try again:
 
@@ -395,6 +396,7 @@ plt.show()
 
 # %%
 assert summary["paged"] > summary["contiguous, prompt + max_tokens"] > summary["contiguous, max length"]
+assert summary["paged"] > 2 * summary["contiguous, max length"]
 assert len(results["paged"][0]) < len(results["contiguous, max length"][0])   # finishes sooner
 
 # %% [markdown]
@@ -417,8 +419,10 @@ assert len(results["paged"][0]) < len(results["contiguous, max length"][0])   # 
 #   Llama-3-8B in bf16, 1 GiB for one 8192-token sequence. GQA divides it by the group size.
 # - A paged cache hands out fixed-size blocks on demand; a block table per request maps
 #   positions to blocks, and the slot mapping says where each new token's K and V go.
-# - Paging removes almost all fragmentation, so more requests share the same memory
-#   (here 85% of it held tokens, against 33% with max-length reservations); running out of blocks is a normal event the scheduler handles by preemption.
+# - Paging removes almost all fragmentation, so more requests share the same memory (in
+#   the simulation above, more than twice the share of memory held tokens than with
+#   max-length reservations: the percentages are printed in section 5); running out of
+#   blocks is a normal event the scheduler handles by preemption.
 #
 # **Exercises:** `exercises/03_kv_cache.ipynb`: blocks needed, the slot mapping, gathering a
 # request's KV through its block table, and the capacity of a KV budget.

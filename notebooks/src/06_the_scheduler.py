@@ -1,7 +1,7 @@
 # %% [markdown]
 # # Chapter 6: The scheduler
 #
-# **Question.** A server holds many requests at once: some are still reading their
+# **The question.** A server holds many requests at once: some are still reading their
 # prompt, others are streaming tokens. Each step of the engine is one forward pass. Who
 # gets how many tokens in that pass, and what does the choice do to the two numbers users
 # feel, the wait for the first token (TTFT) and the rhythm of the tokens after it?
@@ -115,7 +115,7 @@ show_source(Scheduler._schedule_chunked)
 # %% [markdown]
 # The KV cache enters through `_tokens_that_fit` and `_make_room`: a chunk is cut short
 # when the free blocks cannot hold it, and a request is preempted when even one token
-# does not fit (section 7). Without memory pressure the policy is a few lines of
+# does not fit (section 8). Without memory pressure the policy is a few lines of
 # arithmetic; exercise 1 asks you to write it as a pure function.
 #
 # Watch the scheduler alone split the articles' example, a 2048-token prompt in
@@ -152,7 +152,7 @@ assert ranges == [(0, 511), (512, 1023), (1024, 1535), (1536, 2047)]
 # `"long"`). The streams keep decoding well past the prompt's first token, so their
 # token gaps show whatever stall it causes. We run it under every policy, and under
 # `chunked` with four chunk sizes. All runs are greedy, so they must also produce the
-# same tokens (section 6).
+# same tokens (section 7).
 
 # %%
 workload = workloads.long_prompt_interference(prompt_len=1024, num_decoders=4, decoder_output_len=40,
@@ -170,7 +170,7 @@ def serve(policy, chunk_size=None, num_blocks=128):
     return engine, engine.run_workload(workload)
 
 # Warm-up: the first forward passes pay one-off allocation costs; keep them out of the timings.
-minillm.LLMEngine(model, SchedulerConfig(max_num_seqs=2), num_blocks=16).generate(
+_ = minillm.LLMEngine(model, SchedulerConfig(max_num_seqs=2), num_blocks=16).generate(
     [[1] * 100, [2] * 8], SamplingParams(max_tokens=4, ignore_eos=True))
 
 # %%
@@ -275,9 +275,11 @@ for ax in (ax1, ax2):
 plt.show()
 
 # %% [markdown]
-# Read the two panels together. `prefill_first` gives the prompt a TTFT no chunk size
-# beats (the bars differ by the noise of a shared CPU; section 6 counts the work
-# exactly) and gives the streams their longest gap: one whole prefill. `decode_first` never
+# Read the two panels together. In principle `prefill_first` gives the prompt a TTFT no
+# chunk size beats, but each bar is a single run on a shared CPU and can be off by tens of
+# percent, so the left panel may even show a chunked run ahead; section 6 counts the work
+# exactly and measures this TTFT properly. `prefill_first` also gives the streams their
+# longest gap: one whole prefill. `decode_first` never
 # stalls a stream but the prompt waits until every stream has finished. `chunked` sits in
 # between and its chunk size slides along the trade-off: smaller chunks, shorter worst
 # gap, later first token for the long prompt.
@@ -359,10 +361,10 @@ assert work_before_first_token("prefill_first") == (1, 1024)
 
 # %% [markdown]
 # More passes and more tokens: chunking can only make the long prompt's first token
-# later. How much later depends on each pass's fixed cost, large on a GPU and modest on
-# a CPU, where a pass costs about in proportion to its tokens: here the difference is a
-# few percent, smaller than the noise of one run on a shared machine (the single-run
-# TTFTs of section 4 can come out either way). So we measure it properly: the long
+# later. How much later depends on each pass's fixed cost, large on a GPU and smaller on
+# a CPU, where a pass costs roughly in proportion to its tokens; small chunks pay the
+# most passes. On a shared machine the difference can drown in the noise of one run (the
+# single-run TTFTs of section 4 can come out either way). So we measure it properly: the long
 # prompt's TTFT alone, four streams decoding, each policy three times, interleaved, and
 # keep each one's best run (the one least disturbed by other processes).
 
@@ -394,19 +396,26 @@ for name, seconds in best_ttft.items():
           f"= {seconds / best_ttft['prefill_first']:.2f} x prefill_first's")
 
 # %%
-for c in (64, 256):
-    assert best_ttft[f"chunked C={c}"] > 0.9 * best_ttft["prefill_first"], c
+# C=64 needs 16 passes: its delay is clear. C=256 needs 4: its delay can drown in the noise.
+assert best_ttft["chunked C=64"] > 0.8 * best_ttft["prefill_first"]
 
 # %% [markdown]
-# Chunked TTFT is never meaningfully below `prefill_first`'s (we allow 10% for the noise
-# that is left), and on a GPU, where each pass has a fixed cost, it is clearly above it.
+# With 64-token chunks (16 passes) the delay shows clearly in the ratios printed above.
+# With 256-token chunks (4 passes) the extra work is small, and that ratio can come out
+# on either side of 1: partly the noise left even in the best of three runs on a shared
+# CPU, partly because a CPU does not run a 1024-token pass at exactly four times the cost
+# of a 256-token one. The assert checks the clear case, allowing 20% for noise; the work
+# count above is the exact argument. On a GPU, where each pass has a fixed cost and a
+# 1024-token pass is no less efficient than a small one, chunked TTFT is above
+# `prefill_first`'s (chapter 7's simulator shows it at the scale of an 8B model).
 # The articles' own numbers say the same: a 2048-token prompt in 512-token chunks takes 4
 # passes instead of 1, each also carrying the decodes.
 
 # %% [markdown]
 # What chunking *does* lower is the TTFT of requests that would otherwise queue: compared
-# with `decode_first` (the newcomer waits for every stream), the long prompt's TTFT drops
-# several-fold, and under a stream of arrivals short prompts no longer wait behind a long
+# with `decode_first` (the newcomer waits for every stream), the long prompt's TTFT is
+# much shorter under every chunk size (the table of section 4), and under a stream of
+# arrivals short prompts no longer wait behind a long
 # prefill. That is continuous batching plus a bounded step, not a faster prefill.
 #
 # ## 7. Same tokens under every policy
@@ -480,7 +489,8 @@ assert tight.block_manager.num_free_blocks == 10
 #
 # * **vLLM**: 512 was the default `max_num_batched_tokens` with chunked prefill only in
 #   the V0 days (the chunked-prefill docs PR, vllm-project/vllm#4580, May 2024, picked 512
-#   for the best ITL on an A100); it was raised to 2048, and V1, where chunked prefill is
+#   for the best ITL on an A100); it was raised to 2048 (vllm-project/vllm#10544, Nov 2024:
+#   which found 512 too conservative, above all on an H100), and V1, where chunked prefill is
 #   always on, picks 2048 to 16384 depending on the GPU and the entry point (offline
 #   `LLM` or the OpenAI server); see the vLLM docs, *Optimization and Tuning*.
 # * **SGLang**: `--chunked-prefill-size` defaults from the GPU's memory, 2048 to 16384
@@ -490,9 +500,12 @@ assert tight.block_manager.num_free_blocks == 10
 #   Max Batch Size and Max Num Tokens*); there is no 1024 default.
 #
 # Defaults move between releases; read them off the version you run
-# (`vllm serve --help`, `python -m sglang.launch_server --help`). The measurement above
-# says why they are in the thousands on a GPU: a chunk must be large enough to keep the
-# chip busy (chapter 5's roofline), and on an H100 a few hundred tokens do not.
+# (`vllm serve --help`, `python -m sglang.launch_server --help`). Why thousands, when
+# chapter 5's cost model shows that past a few hundred tokens a bigger chunk barely makes
+# a prefill token cheaper on an A100 or H100? Because the default is a throughput choice:
+# fewer, larger steps pay the fixed per-step overhead (scheduling, kernel launches, host
+# work) less often and give a long prompt fewer passes, at the price of a longer worst
+# inter-token gap for the streams. Chapter 7 lets you move along that trade-off.
 
 # %% [markdown]
 # ## Takeaways

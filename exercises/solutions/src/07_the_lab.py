@@ -1,0 +1,139 @@
+# %% [markdown]
+# # Exercises 7: the lab
+#
+# Four small functions that turn chapter 7's experiments into tools: pick a chunk size
+# for a latency target, predict a long prompt's TTFT from its steps, score a policy by
+# goodput, and compute the fastest a decode step can ever be. Each checker compares
+# your function with the simulator or the metrics module on fresh random cases.
+# Fill in the bodies where it says `raise NotImplementedError`, then run the check cell.
+
+# %%
+import math
+
+import minillm.exercises as ex
+from minillm import plots
+from minillm.hardware import get_hardware
+from minillm.simulator import predict_step
+
+# %% [markdown]
+# ## 1. Choose the chunk size for an SLO
+#
+# `rows` is a chunk-size sweep like `plots.chunk_sweep()` returns: a list of dicts with
+# `chunk_size` (an int, or `"off"` for no chunking), `long_ttft_s` (the long prompt's
+# TTFT) and `itl_max_s` (the worst gap any stream saw), in any order. Return the
+# `chunk_size` with the lowest `long_ttft_s` among the rows whose `itl_max_s`, in
+# milliseconds, is at most `itl_slo_ms`. On a tie in TTFT prefer the smaller chunk
+# (`"off"` counts as the largest). Return `None` when no row meets the SLO.
+
+# %%
+def choose_chunk_size(rows, itl_slo_ms):
+    ### BEGIN SOLUTION
+    meeting = [r for r in rows if r["itl_max_s"] * 1e3 <= itl_slo_ms]
+    if not meeting:
+        return None
+    size = lambda r: math.inf if r["chunk_size"] == "off" else r["chunk_size"]
+    return min(meeting, key=lambda r: (r["long_ttft_s"], size(r)))["chunk_size"]
+    ### END SOLUTION
+
+
+# %%
+ex.check_choose_chunk_size(choose_chunk_size)
+
+# %% [markdown]
+# Now use it on the lab's own sweep: which chunk size does Llama-3-8B on an H100 need for
+# a 30 ms worst gap?
+
+# %%
+rows = plots.chunk_sweep(model="llama-3-8b", hardware="H100-SXM")
+choice = choose_chunk_size(rows, 30)
+print("H100, worst gap <= 30 ms:", choice)
+assert choice == plots.best_chunk_size(model="llama-3-8b", hardware="H100-SXM", itl_slo_ms=30)
+
+# %% [markdown]
+# ## 2. Expected TTFT from the step count
+#
+# A `prompt_len`-token prompt arrives while `num_decoders` streams are decoding, each
+# with `decoder_context` tokens in its cache. Under the chunked policy it takes
+# `ceil(prompt_len / chunk_size)` steps. Step `k` (from 0) holds:
+#
+# * the prompt's chunk: `(n_k, k * chunk_size, last)` where `n_k` is the chunk's length
+#   (the last one may be shorter) and `last` says whether this chunk finishes the prompt
+#   (only then does the step compute its logits);
+# * one decode per stream: `(1, decoder_context + k, True)` (each stream's cache grows
+#   by one token per step).
+#
+# The prompt's TTFT is the sum of the steps' times: `predict_step(model, step,
+# hardware).total`. Return it in seconds.
+
+# %%
+def expected_ttft(model, hardware, prompt_len, chunk_size, num_decoders, decoder_context):
+    ### BEGIN SOLUTION
+    total_s, done, k = 0.0, 0, 0
+    while done < prompt_len:
+        n = min(chunk_size, prompt_len - done)
+        step = [(n, done, done + n == prompt_len)] + [(1, decoder_context + k, True)] * num_decoders
+        total_s += predict_step(model, step, hardware).total
+        done, k = done + n, k + 1
+    return total_s
+    ### END SOLUTION
+
+
+# %%
+ex.check_expected_ttft(expected_ttft)
+
+# %% [markdown]
+# With it, the chapter's question in one line: how much TTFT does chunking at 512 cost
+# the long prompt on an A100, with four streams decoding?
+
+# %%
+extra_s = (expected_ttft("llama-3-8b", "A100-80GB", 2048, 512, 4, 72)
+           - expected_ttft("llama-3-8b", "A100-80GB", 2048, 2048, 4, 72))
+print(f"chunks of 512 cost the long prompt {extra_s * 1e3:.0f} ms of TTFT")
+assert extra_s > 0
+
+# %% [markdown]
+# ## 3. Goodput
+#
+# `outputs` is a list of `RequestOutput` (`o.finished`, `o.metrics.ttft`,
+# `o.metrics.tpot`, `o.metrics.arrival_time`, `o.metrics.finish_time`). A finished
+# request is *good* when its TTFT is at most `ttft_slo_s` and its TPOT at most
+# `tpot_slo_s` (a request with one output token has no TPOT, `None`, and passes the TPOT
+# test). Return the good requests per second: their number divided by the time from the
+# first arrival to the last finish among the finished requests.
+
+# %%
+def goodput(outputs, ttft_slo_s, tpot_slo_s):
+    ### BEGIN SOLUTION
+    done = [o for o in outputs if o.finished]
+    start = min(o.metrics.arrival_time for o in done)
+    end = max(o.metrics.finish_time for o in done)
+    good = [o for o in done if o.metrics.ttft <= ttft_slo_s
+            and (o.metrics.tpot is None or o.metrics.tpot <= tpot_slo_s)]
+    return len(good) / max(end - start, 1e-12)
+    ### END SOLUTION
+
+
+# %%
+ex.check_goodput(goodput)
+
+# %% [markdown]
+# ## 4. The decode floor
+#
+# A decode step reads every weight once. Return the least time that takes:
+# `cfg.num_parameters()` weights of `dtype_bytes` bytes each, over the hardware's
+# datasheet bandwidth `hw.mem_bandwidth_bytes_s`. (Chapter 7 used it to show that a 5 ms
+# decode step for a 7B model in bf16 is out of an A100's reach.)
+
+# %%
+def decode_floor_s(cfg, hw, dtype_bytes=2):
+    ### BEGIN SOLUTION
+    return cfg.num_parameters() * dtype_bytes / hw.mem_bandwidth_bytes_s
+    ### END SOLUTION
+
+
+# %%
+ex.check_decode_floor(decode_floor_s)
+cfg = plots.resolve_model("llama-2-7b")
+print(f"llama-2-7b bf16: {decode_floor_s(cfg, get_hardware('A100-80GB')) * 1e3:.1f} ms on an A100-80GB, "
+      f"{decode_floor_s(cfg, get_hardware('H100-SXM')) * 1e3:.1f} ms on an H100; "
+      f"in 8 bits on the A100: {decode_floor_s(cfg, get_hardware('A100-80GB'), 1) * 1e3:.1f} ms")

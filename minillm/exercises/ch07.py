@@ -1,0 +1,142 @@
+"""Checkers for exercises/07_the_lab: compare the learner's function with the simulator.
+
+Each checker draws fresh random cases, computes the answer with the package
+(plots.pick_chunk_size, the simulator's own run, metrics.summarize) and
+compares; nothing here needs a model or a GPU.
+"""
+from __future__ import annotations
+
+import math
+import random
+
+from ..config import ModelConfig
+from ..hardware import PROFILES, get_hardware
+from ..metrics import summarize
+from ..plots import OFF, pick_chunk_size
+from ..scheduler import SchedulerConfig
+from ..simulator import simulate
+from ..workloads import long_prompt_interference, poisson_mix
+
+__all__ = ["check_choose_chunk_size", "check_expected_ttft", "check_goodput", "check_decode_floor",
+           "engine_long_ttft"]
+
+
+def _fail(message: str):
+    print("Not yet: " + message)
+    raise AssertionError(message)
+
+
+def _close(a, b, rel=1e-9) -> bool:
+    return a is not None and b is not None and math.isclose(a, b, rel_tol=rel, abs_tol=1e-15)
+
+
+# ---------------------------------------------------------------------------
+# 1. The chunk size for an SLO
+# ---------------------------------------------------------------------------
+def _random_rows(rng: random.Random):
+    sizes = sorted(rng.sample([16, 32, 64, 128, 256, 512, 1024, 2048, 4096], rng.randint(1, 9)))
+    rows = []
+    for c in sizes + ([OFF] if rng.random() < 0.7 else []):
+        rows.append({"chunk_size": c, "long_ttft_s": rng.uniform(0.05, 2.0),
+                     "itl_max_s": rng.uniform(0.005, 0.3)})
+    if rng.random() < 0.3 and len(rows) > 1:                 # a tie in TTFT
+        rows[1]["long_ttft_s"] = rows[0]["long_ttft_s"]
+    rng.shuffle(rows)
+    return rows
+
+
+def check_choose_chunk_size(choose_chunk_size, num_cases: int = 300, seed: int | None = None):
+    """choose_chunk_size(rows, itl_slo_ms) -> chunk size, "off" or None."""
+    rng = random.Random(seed)
+    for _ in range(num_cases):
+        rows = _random_rows(rng)
+        slo_ms = rng.choice([rng.uniform(1, 400), min(r["itl_max_s"] for r in rows) * 1e3])
+        expected = pick_chunk_size(rows, slo_ms)
+        got = choose_chunk_size([dict(r) for r in rows], slo_ms)
+        if got != expected:
+            table = "; ".join(f"{r['chunk_size']}: TTFT {r['long_ttft_s'] * 1e3:.0f} ms, worst gap "
+                              f"{r['itl_max_s'] * 1e3:.1f} ms" for r in rows)
+            _fail(f"for an ITL SLO of {slo_ms:.1f} ms and rows [{table}] you chose {got!r}, "
+                  f"expected {expected!r} (lowest TTFT among rows meeting the SLO; ties: smaller chunk; "
+                  f"None if no row meets it)")
+    print(f"choose_chunk_size: {num_cases} random sweeps agree with the lab")
+
+
+# ---------------------------------------------------------------------------
+# 2. TTFT from the steps: sum the cost model over the chunk steps
+# ---------------------------------------------------------------------------
+WARMUP_TOKENS = 4
+
+
+def engine_long_ttft(model, hardware, prompt_len, chunk_size, num_decoders, decoder_context):
+    """The long prompt's TTFT when the simulator serves it: num_decoders streams, each with
+    decoder_context tokens in its KV cache when the prompt's first chunk runs (their prompts
+    must fit in one step together: num_decoders * (decoder_context - 3) <= chunk_size)."""
+    workload = long_prompt_interference(
+        prompt_len=prompt_len, num_decoders=num_decoders, warmup_tokens=WARMUP_TOKENS,
+        decoder_prompt_len=decoder_context - WARMUP_TOKENS + 1, long_output_len=1)
+    res = simulate(workload, SchedulerConfig(policy="chunked", chunk_size=chunk_size),
+                   model=model, hardware=hardware)
+    return next(o for o in res.outputs if o.tag == "long").metrics.ttft
+
+
+def check_expected_ttft(expected_ttft, num_cases: int = 6, seed: int | None = None):
+    """expected_ttft(model, hardware, prompt_len, chunk_size, num_decoders, decoder_context) -> seconds."""
+    rng = random.Random(seed)
+    cases = [("llama-3-8b", "A100-80GB", 2048, 512, 4, 72)]
+    while len(cases) < num_cases:
+        chunk, n = rng.choice([16, 64, 100, 256, 512, 1000, 2048]), rng.randint(0, 8)
+        # the streams' prompts fit in one first step, so all streams are in step when the prompt arrives
+        ctx = rng.randint(WARMUP_TOKENS, chunk // max(n, 1) + WARMUP_TOKENS - 1)
+        cases.append((rng.choice(["llama-3-8b", "llama-2-7b", "qwen3-0.6b"]), rng.choice(sorted(PROFILES)),
+                      rng.randint(100, 3000), chunk, n, ctx))
+    for case in cases:
+        expected = engine_long_ttft(*case)
+        got = expected_ttft(*case)
+        if not _close(got, expected, 1e-9):
+            model, hw, length, chunk, n, ctx = case
+            steps = -(-length // chunk)
+            _fail(f"{model} on {hw}, a {length}-token prompt in chunks of {chunk} ({steps} steps) with {n} "
+                  f"streams at {ctx} cached tokens: you predict {got!r} s, the simulator measures "
+                  f"{expected:.6f} s. Each step is [(chunk tokens, tokens already cached, is it the last "
+                  f"chunk?)] + [(1, ctx + k, True)] * n at step k; sum predict_step(...).total")
+    print(f"expected_ttft: {len(cases)} cases match the simulator to 1e-9")
+
+
+# ---------------------------------------------------------------------------
+# 3. Goodput
+# ---------------------------------------------------------------------------
+def check_goodput(goodput, num_cases: int = 4, seed: int | None = None):
+    """goodput(outputs, ttft_slo_s, tpot_slo_s) -> requests per second meeting both SLOs."""
+    rng = random.Random(seed)
+    for _ in range(num_cases):
+        load = poisson_mix(num_requests=rng.randint(4, 24), rate_per_s=rng.uniform(2, 20),
+                           prompt_len=(16, 2048), output_len=(1, 64), seed=rng.randrange(10**6))
+        sched = rng.choice([SchedulerConfig(policy="prefill_first"), SchedulerConfig(chunk_size=256)])
+        outputs = simulate(load, sched).outputs
+        ttft_slo_s, tpot_slo_s = rng.uniform(0.05, 1.0), rng.uniform(0.01, 0.05)
+        expected = summarize(outputs, ttft_slo_s, tpot_slo_s)["goodput_req_s"]
+        got = goodput(outputs, ttft_slo_s, tpot_slo_s)
+        if not _close(got, expected, 1e-9):
+            _fail(f"{len(outputs)} requests, TTFT SLO {ttft_slo_s:.3f} s, TPOT SLO {tpot_slo_s:.3f} s: you "
+                  f"return {got!r} req/s, expected {expected:.4f} (requests meeting both SLOs, divided by the "
+                  f"time from the first arrival to the last finish; a 1-token request has no TPOT and "
+                  f"meets any TPOT SLO)")
+    print(f"goodput: {num_cases} random loads agree with metrics.summarize")
+
+
+# ---------------------------------------------------------------------------
+# 4. The decode floor
+# ---------------------------------------------------------------------------
+def check_decode_floor(decode_floor_s):
+    """decode_floor_s(cfg, hardware, dtype_bytes) -> seconds to stream every weight once."""
+    for name in ("llama-2-7b", "llama-3-8b", "qwen3-0.6b", "mistral-7b"):
+        for hw_name in sorted(PROFILES):
+            for dtype_bytes in (1, 2):
+                cfg, hw = ModelConfig.preset(name), get_hardware(hw_name)
+                expected = cfg.num_parameters() * dtype_bytes / hw.mem_bandwidth_bytes_s
+                got = decode_floor_s(cfg, hw, dtype_bytes)
+                if not _close(got, expected, 1e-9):
+                    _fail(f"{name} on {hw_name} at {dtype_bytes} bytes per weight: you return {got!r} s, "
+                          f"expected {expected:.6f} s (all parameters x bytes, over the datasheet bandwidth)")
+    print("decode_floor_s: matches for 4 models x 4 GPUs x 2 dtypes")

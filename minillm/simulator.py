@@ -1,0 +1,161 @@
+"""The engine's scheduler with time from the cost model instead of a GPU.
+
+`simulate()` builds the SAME EngineCore and Scheduler as LLMEngine, on a
+VirtualClock, with an executor that runs no model: for each step it asks
+`cost_model.predict_step` how long a step of that shape (one
+(num_new_tokens, num_cached_tokens) pair per request) would take on the
+chosen hardware, advances the clock by that much and hands back dummy
+tokens. So every scheduling decision the learner sees here is one the real
+engine would make; only the durations are predicted.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from numbers import Integral
+
+from .config import ModelConfig
+from .cost_model import StepTime, predict_step
+from .engine import EngineCore, StepRecord, VirtualClock
+from .hardware import Hardware, PROFILES, get_hardware
+from .kv_cache import BlockManager, blocks_for
+from .metrics import distribution, summarize
+from .request import RequestOutput
+from .scheduler import SchedulerConfig
+from .workloads import Workload
+
+__all__ = ["simulate", "SimResult", "CostModelExecutor", "predict_step", "StepTime",
+           "resolve_model", "resolve_hardware", "default_sim_num_blocks"]
+
+DUMMY_TOKEN = 0          # simulated requests produce this token; EOS is ignored
+
+
+def resolve_model(model) -> ModelConfig:
+    """A preset name or a ModelConfig -> ModelConfig (ValueError otherwise)."""
+    if isinstance(model, ModelConfig):
+        return model
+    if isinstance(model, str):
+        return ModelConfig.preset(model)      # names the unknown preset and the choices
+    raise ValueError(f"model={model!r}: give a preset name (e.g. 'llama-3-8b') or a ModelConfig")
+
+
+def resolve_hardware(hardware) -> Hardware:
+    """A profile name or a Hardware object -> Hardware. 'cpu' calibrates this machine."""
+    if not isinstance(hardware, (str, Hardware)):
+        raise ValueError(f"hardware={hardware!r}: use one of {sorted(PROFILES)} or a Hardware object")
+    return get_hardware(hardware)
+
+
+class CostModelExecutor:
+    """An executor for EngineCore: step time from predict_step, tokens are dummies."""
+
+    def __init__(self, cfg: ModelConfig, hardware: Hardware, dtype_bytes: int = 2):
+        self.cfg = cfg
+        self.hardware = hardware
+        self.dtype_bytes = dtype_bytes
+        self._cache: dict[tuple, float] = {}     # step shape -> seconds (workloads repeat shapes)
+
+    def step_shape(self, plan, samples) -> tuple[tuple[int, int, bool], ...]:
+        """(num_new_tokens, num_cached_tokens, samples) per request: all the cost model sees."""
+        return tuple((n, r.num_computed_tokens, s) for (r, n), s in zip(plan.scheduled, samples))
+
+    def execute(self, plan, samples):
+        shape = self.step_shape(plan, samples)
+        seconds = self._cache.get(shape)
+        if seconds is None:
+            seconds = predict_step(self.cfg, list(shape), self.hardware, self.dtype_bytes).total
+            self._cache[shape] = seconds
+        tokens = {r.request_id: DUMMY_TOKEN for (r, _), s in zip(plan.scheduled, samples) if s}
+        return tokens, seconds
+
+    def release(self, request) -> None:
+        pass
+
+
+def default_sim_num_blocks(cfg: ModelConfig, hardware: Hardware, sched: SchedulerConfig,
+                           block_size: int = 16, dtype_bytes: int = 2,
+                           memory_fraction: float = 0.9) -> int:
+    """KV blocks a real server would have: memory_fraction of the GPU minus the
+    weights, over the bytes of one block. Without a memory size (a calibrated
+    CPU): enough for max_num_seqs requests of the model's full context."""
+    bytes_per_block = cfg.kv_bytes_per_token(dtype_bytes) * block_size
+    full_context = sched.max_num_seqs * blocks_for(cfg.max_position, block_size)
+    if not hardware.memory_bytes:
+        return full_context
+    free_bytes = hardware.memory_bytes * memory_fraction - cfg.num_parameters() * dtype_bytes
+    if free_bytes < bytes_per_block * blocks_for(cfg.max_position, block_size):
+        raise ValueError(f"model {cfg.name!r} ({cfg.num_parameters() / 1e9:.1f} B parameters at "
+                         f"{dtype_bytes} bytes) leaves no room for a full-context KV cache on "
+                         f"{hardware.name} ({hardware.memory_bytes / 2**30:.0f} GiB)")
+    return int(free_bytes // bytes_per_block)
+
+
+@dataclass
+class SimResult:
+    outputs: list[RequestOutput]
+    trace: list[StepRecord]
+    model: ModelConfig
+    hardware: Hardware
+    sched: SchedulerConfig
+    workload: Workload | None = None
+    ttft_slo_s: float | None = None
+    tpot_slo_s: float | None = None
+    extra: dict = field(default_factory=dict)
+
+    def summary(self, ttft_slo_s: float | None = None, tpot_slo_s: float | None = None) -> dict:
+        """metrics.summarize, plus per tag (e.g. the long prompt's TTFT and the
+        decoders' ITL) and the step counts. Times in seconds."""
+        ttft_slo_s = self.ttft_slo_s if ttft_slo_s is None else ttft_slo_s
+        tpot_slo_s = self.tpot_slo_s if tpot_slo_s is None else tpot_slo_s
+        out = summarize(self.outputs, ttft_slo_s, tpot_slo_s)
+        out["num_steps"] = len(self.trace)
+        out["max_step_s"] = max((r.duration for r in self.trace), default=0.0)
+        tags = sorted({o.tag for o in self.outputs if o.tag})
+        for tag in tags:
+            tagged = [o for o in self.outputs if o.tag == tag]
+            out[tag] = {
+                "ttft": distribution(o.metrics.ttft for o in tagged if o.metrics.ttft is not None),
+                "tpot": distribution(o.metrics.tpot for o in tagged if o.metrics.tpot is not None),
+                "itl": distribution(g for o in tagged for g in o.metrics.itl),
+            }
+        if "long" in out:
+            out["long_ttft_s"] = out["long"]["ttft"]["max"]
+        if "decoder" in out:
+            itl = out["decoder"]["itl"]
+            out["decoder_itl_p50_s"] = itl["median"]
+            out["decoder_itl_p99_s"] = itl["p99"]
+            out["decoder_itl_max_s"] = itl["max"]
+            out["decoder_tpot_mean_s"] = out["decoder"]["tpot"]["mean"]
+        return out
+
+
+def simulate(workload: Workload, sched: SchedulerConfig | None = None, model="llama-3-8b",
+             hardware="A100-80GB", dtype_bytes: int = 2, block_size: int = 16,
+             num_blocks: int | None = None, ttft_slo_s: float | None = None,
+             tpot_slo_s: float | None = None) -> SimResult:
+    """Serve `workload` with the engine's scheduler; step times from the cost model.
+
+    model: a preset name or ModelConfig. hardware: a profile name
+    ("A100-40GB", "A100-80GB", "H100-SXM", "H200") or a Hardware object such as
+    hardware.calibrate()'s. num_blocks=None: the KV blocks the GPU's memory
+    holds next to the weights (default_sim_num_blocks).
+    """
+    if not isinstance(workload, Workload):
+        raise ValueError(f"workload={workload!r}: give a minillm.workloads.Workload "
+                         "(e.g. workloads.long_prompt_interference())")
+    sched = sched if sched is not None else SchedulerConfig()
+    if not isinstance(sched, SchedulerConfig):
+        raise ValueError(f"sched={sched!r}: give a SchedulerConfig")
+    cfg = resolve_model(model)
+    hw = resolve_hardware(hardware)
+    if isinstance(block_size, bool) or not isinstance(block_size, Integral) or block_size < 1:
+        raise ValueError(f"block_size={block_size!r}: must be a positive integer (try 16)")
+    if num_blocks is None:
+        num_blocks = default_sim_num_blocks(cfg, hw, sched, block_size, dtype_bytes)
+    elif isinstance(num_blocks, bool) or not isinstance(num_blocks, Integral) or num_blocks < 1:
+        raise ValueError(f"num_blocks={num_blocks!r}: must be a positive integer or None")
+    core = EngineCore(sched, BlockManager(int(num_blocks), block_size),
+                      CostModelExecutor(cfg, hw, dtype_bytes), VirtualClock(),
+                      eos_token_ids=(), max_model_len=cfg.max_position)
+    outputs = core.run_workload(workload)
+    return SimResult(outputs=outputs, trace=core.trace, model=cfg, hardware=hw, sched=sched,
+                     workload=workload, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s)

@@ -1,0 +1,139 @@
+"""The simulator is the engine's scheduler with predicted time: same schedule, sane metrics."""
+import pytest
+import torch
+
+from minillm.config import ModelConfig
+from minillm.cost_model import predict_step as cost_model_predict_step
+from minillm.engine import LLMEngine
+from minillm.fidelity import (FittedHardware, _basis_hardware, evaluation_shapes, fit_step_model,
+                              measure_step_times, predict_step_times, step_shape)
+from minillm.hardware import PROFILES
+from minillm.loader import build_model
+from minillm.scheduler import SchedulerConfig
+from minillm.simulator import SimResult, predict_step, simulate
+from minillm.workloads import long_prompt_interference, poisson_mix
+
+SMALL = dict(prompt_len=80, num_decoders=3, decoder_prompt_len=8, warmup_tokens=3, long_output_len=4)
+POLICY_CONFIGS = [SchedulerConfig(policy="chunked", chunk_size=24),
+                  SchedulerConfig(policy="chunked", chunk_size=7, token_budget=16, max_num_seqs=8),
+                  SchedulerConfig(policy="prefill_first"),
+                  SchedulerConfig(policy="decode_first")]
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    return build_model("tiny", seed=0, dtype=torch.float32, device="cpu")
+
+
+@pytest.mark.parametrize("sched", POLICY_CONFIGS, ids=lambda s: f"{s.policy}-{s.chunk_size}")
+def test_simulator_and_engine_produce_the_same_schedule(tiny_model, sched):
+    workload = long_prompt_interference(**SMALL)
+    num_blocks = 64
+    engine = LLMEngine(tiny_model, sched, block_size=16, num_blocks=num_blocks)
+    engine.run_workload(workload)
+    sim = simulate(workload, sched, model="tiny", hardware="A100-80GB", dtype_bytes=4,
+                   block_size=16, num_blocks=num_blocks)
+    assert [r.scheduled for r in sim.trace] == [r.scheduled for r in engine.trace]
+    assert [r.num_prefill_tokens for r in sim.trace] == [r.num_prefill_tokens for r in engine.trace]
+
+
+def test_simulated_outputs_carry_prompt_len_without_token_ids():
+    res = simulate(long_prompt_interference(**SMALL), SchedulerConfig(chunk_size=16), model="tiny")
+    assert isinstance(res, SimResult)
+    assert all(o.prompt_token_ids is None and o.finished for o in res.outputs)
+    assert sorted(o.prompt_len for o in res.outputs) == [8, 8, 8, 80]
+    assert all(len(o.metrics.token_times) == len(o.output_token_ids) for o in res.outputs)
+
+
+def test_step_durations_are_the_cost_models_predictions():
+    res = simulate(long_prompt_interference(**SMALL), SchedulerConfig(chunk_size=32), model="llama-3-8b",
+                   hardware="H100-SXM")
+    cfg = ModelConfig.preset("llama-3-8b")
+    first = res.trace[0]                                  # three 8-token prompts, nothing cached
+    expected = cost_model_predict_step(cfg, [(8, 0)] * 3, "H100-SXM", 2).total
+    assert first.duration == pytest.approx(expected, rel=1e-12)
+    assert predict_step is cost_model_predict_step
+
+
+def test_chunking_caps_the_stall_and_does_not_lower_the_long_prompts_ttft():
+    workload = long_prompt_interference(prompt_len=2048, num_decoders=4)
+    whole = simulate(workload, SchedulerConfig(policy="prefill_first")).summary()
+    chunked = simulate(workload, SchedulerConfig(policy="chunked", chunk_size=256)).summary()
+    assert chunked["decoder_itl_max_s"] < whole["decoder_itl_max_s"] / 3
+    assert chunked["long_ttft_s"] > whole["long_ttft_s"]
+
+
+def test_summary_has_tagged_metrics_and_slo_attainment():
+    res = simulate(long_prompt_interference(**SMALL), SchedulerConfig(chunk_size=16), model="tiny",
+                   tpot_slo_s=1.0, ttft_slo_s=1.0)
+    s = res.summary()
+    for key in ("long_ttft_s", "decoder_itl_p50_s", "decoder_itl_p99_s", "decoder_itl_max_s",
+                "decoder_tpot_mean_s", "num_steps", "ttft", "tpot", "itl", "goodput_req_s"):
+        assert key in s, key
+    assert s["slo_attainment"] == 1.0
+    assert s["decoder_itl_p50_s"] <= s["decoder_itl_p99_s"] <= s["decoder_itl_max_s"]
+
+
+def test_simulate_accepts_hardware_objects_and_model_configs():
+    hw = PROFILES["A100-80GB"].replace(name="slow A100", peak_flops_s=PROFILES["A100-80GB"].peak_flops_s / 2)
+    cfg = ModelConfig.preset("llama-3-8b")
+    workload = long_prompt_interference(**SMALL)
+    fast = simulate(workload, SchedulerConfig(chunk_size=16), model=cfg, hardware="A100-80GB")
+    slow = simulate(workload, SchedulerConfig(chunk_size=16), model=cfg, hardware=hw)
+    assert [r.scheduled for r in fast.trace] == [r.scheduled for r in slow.trace]
+    assert slow.summary()["duration_s"] > fast.summary()["duration_s"]
+
+
+def test_simulation_is_deterministic_under_poisson_arrivals():
+    workload = poisson_mix(num_requests=12, rate_per_s=20.0, seed=3)
+    a = simulate(workload, SchedulerConfig(chunk_size=128))
+    b = simulate(workload, SchedulerConfig(chunk_size=128))
+    assert [(r.start, r.end, r.scheduled) for r in a.trace] == [(r.start, r.end, r.scheduled) for r in b.trace]
+
+
+@pytest.mark.parametrize("kwargs, word", [
+    (dict(hardware="B200"), "hardware"),
+    (dict(hardware=3), "hardware"),
+    (dict(model="gpt-5"), "preset"),
+    (dict(num_blocks=0), "num_blocks"),
+    (dict(block_size=-16), "block_size"),
+])
+def test_simulate_rejects_bad_arguments_with_a_named_value_error(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        simulate(long_prompt_interference(**SMALL), SchedulerConfig(), **kwargs)
+
+
+def test_bad_workloads_and_chunk_sizes_are_value_errors():
+    with pytest.raises(ValueError, match="workload"):
+        simulate([(1, 2)], SchedulerConfig())
+    with pytest.raises(ValueError, match="chunk_size"):
+        simulate(long_prompt_interference(**SMALL), SchedulerConfig(chunk_size=0))
+    with pytest.raises(ValueError, match="prompt_len"):
+        long_prompt_interference(prompt_len=-5)
+
+
+# ---- fidelity: fitting this machine ------------------------------------------------
+def test_step_shape_is_a_chunk_plus_decodes():
+    assert step_shape(64, 2, 10) == [(64, 10), (1, 10), (1, 10)]
+    assert step_shape(0, 1, 5) == [(1, 5)]
+    with pytest.raises(ValueError, match="num_decodes"):
+        step_shape(4, -1, 0)
+
+
+def test_fit_recovers_known_factors_from_noise_free_times():
+    cfg = ModelConfig.preset("tiny")
+    truth = FittedHardware(_basis_hardware(1 / 5e10, 1 / 8e9, 2e-6, 1e-3), per_seq_overhead_s=3e-4)
+    shapes = evaluation_shapes()
+    times = predict_step_times(cfg, shapes, truth, dtype_bytes=4)
+    fitted = fit_step_model(cfg, shapes, times, dtype_bytes=4)
+    again = predict_step_times(cfg, shapes, fitted, dtype_bytes=4)
+    assert max(abs(a - t) / t for a, t in zip(again, times)) < 1e-6
+    assert fitted.hardware.peak_flops_s == pytest.approx(5e10, rel=1e-4)
+    assert fitted.per_seq_overhead_s == pytest.approx(3e-4, rel=1e-3)
+
+
+def test_measure_step_times_times_real_steps(tiny_model):
+    times = measure_step_times(tiny_model, [(0, 1, 8), (16, 1, 8)], repeats=1)
+    assert len(times) == 2 and all(t > 0 for t in times)
+    with pytest.raises(ValueError, match="repeats"):
+        measure_step_times(tiny_model, [(0, 1, 8)], repeats=0)

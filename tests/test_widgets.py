@@ -1,0 +1,52 @@
+"""The lab widget only wires controls to plots.py; bad settings become a message."""
+import ipywidgets
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+from minillm import plots, widgets
+
+GOOD = dict(chunk_size=512, num_decoders=4, prompt_len=2048, model="llama-3-8b", hardware="A100-80GB",
+            mode="simulate", itl_slo_ms=50.0)
+
+
+def test_lab_is_a_widget_with_every_control():
+    box = widgets.lab()
+    assert isinstance(box, ipywidgets.Widget)
+    controls = widgets.lab_controls()
+    assert set(controls) == set(plots.LabSettings.__dataclass_fields__)
+    values = [v for _, v in controls["chunk_size"].options]
+    assert values[0] == 16 and 4096 in values and values[-1] == "off"
+    assert controls["mode"].options == ("simulate", "measure") or \
+        [v for _, v in controls["mode"].options] == ["simulate", "measure"]
+    plt.close("all")
+
+
+def test_lab_controls_start_at_the_given_settings():
+    controls = widgets.lab_controls(plots.LabSettings(chunk_size=64, hardware="H200", num_decoders=8))
+    assert controls["chunk_size"].value == 64
+    assert controls["hardware"].value == "H200"
+    assert controls["num_decoders"].value == 8
+
+
+def test_render_draws_the_figure_and_the_verdict():
+    figure, message = widgets.render(**GOOD)
+    assert isinstance(figure, Figure) and len(figure.axes) == 3
+    assert "ITL SLO" in message
+
+
+def test_bad_settings_render_a_readable_line_not_a_traceback():
+    for bad, word in ((dict(chunk_size=0), "chunk_size"), (dict(hardware="B200"), "hardware"),
+                      (dict(prompt_len=-5), "prompt_len"), (dict(num_decoders=0), "num_decoders")):
+        figure, message = widgets.render(**{**GOOD, **bad})
+        assert figure is None
+        assert "Cannot run this setting" in message and word in message
+        assert "Traceback" not in message
+
+
+def test_lab_started_with_bad_settings_says_why_and_shows_the_defaults():
+    box = widgets.lab(chunk_size=0)
+    verdict = box.children[1]
+    assert "chunk_size=0" in verdict.value and "defaults" in verdict.value
+    box = widgets.lab(hardware="B200")
+    assert "hardware" in box.children[1].value
+    plt.close("all")
