@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 BACKENDS = ("reference", "sdpa", "flash")
 FLASH_BLOCK_MULTIPLE = 256  # flash-attn's paged KV needs page sizes divisible by 256
+DECODE_BUCKET = 8           # decodes per padded SDPA call (sorted by length)
 
 
 # ---------------------------------------------------------------------------
@@ -87,27 +88,33 @@ def merge_attention(out_a, lse_a, out_b, lse_b):
     return out_a * weight_a + out_b * weight_b, lse
 
 
+# torch >= 2.5 lets SDPA share KV heads itself (enable_gqa).
+_SDPA_HAS_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
+
+
 def sdpa_attention(q, k, v):
     """Bottom-right causal attention for one sequence with torch's SDPA.
 
     q: [n, Hq, D], k and v: [m, Hkv, D], m >= n -> [n, Hq, D].
-    The query heads that share a KV head are folded into the query rows, so
-    GQA needs no copy of K and V.
     """
     n, num_heads, head_dim = q.shape
     m, num_kv_heads, _ = k.shape
     group = num_heads // num_kv_heads
     # 4-D [batch=1, heads, rows, D]: the layout torch's fused CPU/GPU kernels take.
+    k_heads, v_heads = k.transpose(0, 1)[None], v.transpose(0, 1)[None]          # [1, Hkv, m, D]
+    if n == m and (group == 1 or _SDPA_HAS_GQA):
+        # Square: top-left and bottom-right coincide, and is_causal lets the
+        # kernel skip the masked half (twice as fast as an explicit mask).
+        extra = {"enable_gqa": True} if group > 1 else {}
+        out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k_heads, v_heads,
+                                             is_causal=True, **extra)             # [1, Hq, n, D]
+        return out[0].transpose(0, 1)
+    # A chunk over a cache: an explicit bottom-right mask. The query heads that
+    # share a KV head are folded into the query rows, so GQA copies no K or V.
     q_grouped = q.reshape(n, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)  # [Hkv, g, n, D]
     q_grouped = q_grouped.reshape(1, num_kv_heads, group * n, head_dim)
-    k_heads, v_heads = k.transpose(0, 1)[None], v.transpose(0, 1)[None]          # [1, Hkv, m, D]
-    if n == m and group == 1:
-        # Square: top-left and bottom-right coincide, and is_causal lets the
-        # kernel skip the masked half.
-        out = F.scaled_dot_product_attention(q_grouped, k_heads, v_heads, is_causal=True)
-    else:
-        allowed = causal_mask(n, m, device=q.device).repeat(group, 1)           # [g*n, m]
-        out = F.scaled_dot_product_attention(q_grouped, k_heads, v_heads, attn_mask=allowed)
+    allowed = causal_mask(n, m, device=q.device).repeat(group, 1)               # [g*n, m]
+    out = F.scaled_dot_product_attention(q_grouped, k_heads, v_heads, attn_mask=allowed)
     out = out.reshape(num_kv_heads, group, n, head_dim).permute(2, 0, 1, 3)       # [n, Hkv, g, D]
     return out.reshape(n, num_heads, head_dim)
 
@@ -180,13 +187,17 @@ def paged_attention(q, k_new, v_new, k_cache, v_cache, batch: AttentionBatch,
     starts = [0]
     for n in batch.query_lens:
         starts.append(starts[-1] + n)
-    decode_rows = [b for b, n in enumerate(batch.query_lens) if n == 1]
-    if backend == "sdpa" and len(decode_rows) > 1:
-        rows = torch.as_tensor([starts[b] for b in decode_rows], device=q.device)
-        out[rows] = _sdpa_decode_batch(q[rows], k_cache, v_cache, batch, decode_rows)
-        done = set(decode_rows)
-    else:
-        done = set()
+    done = set()
+    if backend == "sdpa":
+        # Decodes go in padded batches of similar length: one SDPA call per
+        # bucket instead of one per request, with little padding.
+        decode_rows = sorted((b for b, n in enumerate(batch.query_lens) if n == 1),
+                             key=lambda b: batch.seq_lens[b])
+        for i in range(0, len(decode_rows) if len(decode_rows) > 1 else 0, DECODE_BUCKET):
+            bucket = decode_rows[i:i + DECODE_BUCKET]
+            rows = torch.as_tensor([starts[b] for b in bucket], device=q.device)
+            out[rows] = _sdpa_decode_batch(q[rows], k_cache, v_cache, batch, bucket)
+            done.update(bucket)
     for b, (n, seq_len) in enumerate(zip(batch.query_lens, batch.seq_lens)):
         if b in done or n == 0:
             continue
