@@ -47,20 +47,31 @@ def lab_controls(settings: plots.LabSettings | None = None) -> dict:
     }
 
 
+def verdict_html(**values):
+    """(settings or None, the verdict line as HTML) for these control values.
+
+    Cheap once the setting's simulation is cached: the lab shows this line
+    first, so a slider move is answered before the figure is redrawn.
+    """
+    try:
+        settings = plots.LabSettings(**values).check()
+        verdict = plots.lab_verdict(settings)
+    except (ValueError, TypeError) as e:
+        return None, f"<b style='color:#b00'>Cannot run this setting:</b> {html.escape(str(e))}"
+    color = "#070" if verdict.startswith("MEETS") else "#b00"
+    return settings, f"<b style='color:{color}'>{html.escape(verdict)}</b>"
+
+
 def render(**values):
     """Draw the lab for these control values: (figure or None, verdict HTML).
 
     Pure apart from the caches of plots.lab_run; a bad setting gives
     (None, the error message as HTML) instead of raising.
     """
-    try:
-        settings = plots.LabSettings(**values).check()
-        figure = plots.lab_figure(settings, progress=settings.mode == "measure")
-        verdict = plots.lab_verdict(settings)
-    except (ValueError, TypeError) as e:
-        return None, f"<b style='color:#b00'>Cannot run this setting:</b> {html.escape(str(e))}"
-    color = "#070" if verdict.startswith("MEETS") else "#b00"
-    return figure, f"<b style='color:{color}'>{html.escape(verdict)}</b>"
+    settings, message = verdict_html(**values)
+    if settings is None:
+        return None, message
+    return plots.lab_figure(settings, progress=settings.mode == "measure"), message
 
 
 def lab(settings: plots.LabSettings | None = None, **overrides):
@@ -80,11 +91,11 @@ def lab(settings: plots.LabSettings | None = None, **overrides):
 
     def show(**values):
         nonlocal problem
-        figure, message = render(**values)
+        settings, message = verdict_html(**values)     # the answer first ...
         verdict.value = message if problem is None else problem + "<br>" + message
         problem = None
-        if figure is not None:
-            display(figure)
+        if settings is not None:                         # ... then the picture
+            display(plots.lab_figure(settings, progress=settings.mode == "measure"))
 
     out = w.interactive_output(show, controls)
     left = w.VBox([controls[k] for k in ("chunk_size", "num_decoders", "prompt_len", "itl_slo_ms")])
