@@ -97,7 +97,9 @@ def plot_token_gaps(outputs, tag=None, ax=None, title=None, legend: bool = True)
         times = o.metrics.token_times
         gaps_ms = [g * 1e3 for g in o.metrics.itl]
         worst = max(worst, max(gaps_ms))
-        ax.plot(times[1:], gaps_ms, marker=".", markersize=3, linewidth=1,
+        # steps-pre: each gap is drawn over the interval it lasted, so a stall
+        # is a plateau, not a slope.
+        ax.plot(times[1:], gaps_ms, marker=".", markersize=3, linewidth=1, drawstyle="steps-pre",
                 label=f"request {o.request_id}")
     ax.set_xlabel("time the token came out (s)")
     ax.set_ylabel("gap since previous token (ms)")

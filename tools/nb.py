@@ -51,9 +51,16 @@ def parse_percent(text: str) -> nbformat.NotebookNode:
             lines.append(line)
     flush()
     nb = nbformat.v4.new_notebook(cells=cells)
+    number_cells(nb)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.metadata["language_info"] = {"name": "python"}
     return nb
+
+
+def number_cells(nb: nbformat.NotebookNode) -> None:
+    """Stable cell ids (nbformat makes random ones), so rebuilds diff cleanly."""
+    for i, cell in enumerate(nb.cells):
+        cell.id = f"cell-{i:03d}"
 
 
 def learner_version(solution: nbformat.NotebookNode) -> nbformat.NotebookNode:
@@ -68,6 +75,7 @@ def learner_version(solution: nbformat.NotebookNode) -> nbformat.NotebookNode:
             nb.cells.append(nbformat.v4.new_code_cell(source))
         else:
             nb.cells.append(nbformat.v4.new_markdown_cell(cell.source))
+    number_cells(nb)
     return nb
 
 

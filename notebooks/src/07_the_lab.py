@@ -158,7 +158,7 @@ for chunk in (64, 256, 1024, plots.OFF):
 t0 = time.perf_counter()
 plots.chunk_sweep(prompt_len=1536)                   # a new scenario: ten fresh simulations
 sweep_s = time.perf_counter() - t0
-print(f"slider move: verdict in {statistics.median(answer_s) * 1e3:.0f} ms, figure built in "
+print(f"slider move: verdict in {statistics.median(answer_s) * 1e3:.1f} ms, figure built in "
       f"{statistics.median(build_s) * 1e3:.0f} ms and rendered in "
       f"{statistics.median(render_s) * 1e3:.0f} ms (medians over {len(build_s)} chunk sizes)")
 print(f"a new scenario (ten simulations): {sweep_s * 1e3:.0f} ms")
