@@ -13,7 +13,7 @@ def test_every_preset_is_a_valid_config_with_its_name():
 
 def test_tiny_preset_is_the_built_in_model():
     cfg = ModelConfig.preset("tiny")
-    assert (cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size) == (512, 4, 8, 4, 512)
+    assert (cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size) == (512, 4, 8, 2, 512)
     assert cfg.head_dim == 64 and cfg.bos_token_id == 256 and cfg.eos_token_ids == (257,)
 
 

@@ -152,7 +152,7 @@ assert not torch.allclose(k_right, k_wrong)
 #
 # In multi-head attention (MHA) each of the $H$ query heads has its own key and value
 # head. Grouped-query attention lets groups of query heads **share** a KV head: the
-# built-in model has 8 query heads and 4 KV heads, Llama-3-8B has 32 and 8. The math
+# built-in model has 8 query heads and 2 KV heads, Llama-3-8B has 32 and 8: the same 4:1 ratio. The math
 # per query head is unchanged (it just reads its group's K and V), but the KV cache, the
 # thing decoding reads every step, shrinks by the group size:
 
