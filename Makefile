@@ -3,7 +3,6 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-export MPLBACKEND ?= Agg
 export PYTHONHASHSEED ?= 0
 
 .PHONY: lab test test-fast notebooks figures bench gpu-check clean
@@ -23,7 +22,7 @@ venv: $(STAMP)
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 lab: $(STAMP)
-	MPLBACKEND= $(VENV)/bin/jupyter lab $(ROOT_FLAG) --ServerApp.root_dir=. notebooks/00_roadmap.ipynb
+	env -u MPLBACKEND $(VENV)/bin/jupyter lab $(ROOT_FLAG) --ServerApp.root_dir=. notebooks/00_roadmap.ipynb
 
 # Every test: unit and property tests, then every chapter and solution notebook.
 test: $(STAMP)

@@ -80,7 +80,12 @@ def learner_version(solution: nbformat.NotebookNode) -> nbformat.NotebookNode:
 
 
 def execute(nb: nbformat.NotebookNode, cwd: Path, timeout: int = 600) -> float:
+    import os
+
     from nbclient import NotebookClient
+    # A kernel started with MPLBACKEND=Agg draws no inline figures: the
+    # notebook would ship without its pictures.
+    os.environ.pop("MPLBACKEND", None)
     t0 = time.perf_counter()
     NotebookClient(nb, timeout=timeout, kernel_name="python3",
                    resources={"metadata": {"path": str(cwd)}}).execute()
