@@ -86,6 +86,7 @@ class EngineCore:
         self.trace: list[StepRecord] = []
         self.requests: dict[int, Request] = {}
         self._next_id = 0
+        self.vocab_size: int | None = None    # None: requests carry lengths, not token ids
 
     # ---- requests ---------------------------------------------------------------
     def _check_request(self, prompt_len: int, params: SamplingParams) -> None:
@@ -219,8 +220,6 @@ class EngineCore:
         if bar is not None:
             bar.close()
         return [self.requests[added[i]].to_output() for i in sorted(added)]
-
-    vocab_size: int | None = None
 
 
 def _progress_bar(enabled: bool, total: int):
