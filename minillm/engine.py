@@ -205,7 +205,9 @@ class EngineCore:
                     added[index] = self.add_request(
                         workload.prompt_ids(index, self.vocab_size), SamplingParams(
                             max_tokens=spec.max_tokens, ignore_eos=True, temperature=0.0),
-                        arrival_time=max(now, spec.arrival_time) if spec.after is None else now,
+                        # A timed request arrived at its own time, possibly mid-step:
+                        # its TTFT includes the wait for the step boundary.
+                        arrival_time=spec.arrival_time if spec.after is None else now,
                         prompt_len=spec.prompt_len, tag=spec.tag)
                     pending.remove((index, spec))
             if not self.has_unfinished_requests():

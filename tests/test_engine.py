@@ -162,3 +162,24 @@ def test_interference_workload_runs_on_the_real_engine(model64):
     assert all(o.metrics.token_times[1] <= long.metrics.arrival_time for o in decoders)
     chunks = [n for r in engine.trace for rid, n in r.scheduled if rid == long.request_id]
     assert chunks[:4] == [16, 16, 16, 16]
+
+
+def test_ttft_counts_the_wait_for_the_step_boundary():
+    """A request that arrives while a step runs is served from the next one;
+    its TTFT starts at its own arrival, not at that boundary."""
+    from minillm.engine import EngineCore, VirtualClock
+    from minillm.kv_cache import BlockManager
+    from minillm.workloads import Workload, WorkloadRequest
+
+    class OneSecondSteps:
+        def execute(self, plan, samples):
+            return {r.request_id: 1 for (r, _), s in zip(plan.scheduled, samples) if s}, 1.0
+
+        def release(self, request):
+            pass
+
+    core = EngineCore(SchedulerConfig(), BlockManager(64, 4), OneSecondSteps(), VirtualClock())
+    wl = Workload((WorkloadRequest(8, 4, arrival_time=0.0), WorkloadRequest(8, 1, arrival_time=0.5)))
+    first, late = core.run_workload(wl)
+    assert late.metrics.arrival_time == 0.5
+    assert late.metrics.first_token_time == 2.0 and late.metrics.ttft == pytest.approx(1.5)
