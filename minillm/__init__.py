@@ -1,7 +1,22 @@
-"""minillm: a small, real LLM inference engine built to teach chunked prefill."""
-from . import (accounting, attention, config, cost_model, engine, fidelity, hardware, kv_cache, metrics,
-               model, model_runner, plots, request, sampler, scheduler, simulator, tokenizer, widgets,
-               workloads)
+"""minillm: a small, real LLM inference engine built to teach chunked prefill.
+
+Three layers, and the folders show them (arrows point down only):
+    minillm/        the engine core: config, attention, model, kv_cache,
+                    model_runner, request, sampler, scheduler, engine,
+                    metrics, loader, tokenizer. Needs torch, never matplotlib.
+    minillm/sim/    the simulator: accounting, hardware, cost_model,
+                    simulator, workloads. Runs the core's scheduler on a
+                    virtual clock.
+    minillm/book/   the book's tools: figures, the lab, widgets, source
+                    rendering, benchmarks, fidelity studies.
+    minillm/grading/  the exercise checkers and the grade command.
+
+`import minillm` loads the core only; `minillm.simulator`, `minillm.widgets`
+and the other heavier names load their layer on first use.
+"""
+import importlib
+
+from . import attention, config, engine, kv_cache, metrics, model, model_runner, request, sampler, scheduler
 from .config import ModelConfig
 from .device import default_device
 from .engine import LLMEngine
@@ -9,7 +24,34 @@ from .loader import build_model, load_hf_model
 from .model_runner import prefill_kv
 from .request import RequestOutput, SamplingParams
 from .scheduler import SchedulerConfig
-from .simulator import simulate
+
+# Names of the outer layers, loaded on first use so that the core stays light.
+_LAZY_MODULES = {
+    "accounting": "minillm.sim.accounting", "hardware": "minillm.sim.hardware",
+    "cost_model": "minillm.sim.cost_model", "simulator": "minillm.sim.simulator",
+    "workloads": "minillm.sim.workloads", "sim": "minillm.sim",
+    "figures": "minillm.book.figures", "widgets": "minillm.book.widgets",
+    "show": "minillm.book.show", "bench": "minillm.book.bench", "fidelity": "minillm.book.fidelity",
+    "book": "minillm.book", "grading": "minillm.grading",
+}
+_LAZY_ATTRS = {"simulate": ("minillm.sim.simulator", "simulate")}
+
+
+def __getattr__(name):
+    if name in _LAZY_MODULES:
+        module = importlib.import_module(_LAZY_MODULES[name])
+    elif name in _LAZY_ATTRS:
+        module_name, attr = _LAZY_ATTRS[name]
+        module = getattr(importlib.import_module(module_name), attr)
+    else:
+        raise AttributeError(f"module 'minillm' has no attribute {name!r}")
+    globals()[name] = module
+    return module
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY_MODULES) | set(_LAZY_ATTRS))
+
 
 __all__ = ["ModelConfig", "build_model", "load_hf_model", "prefill_kv", "default_device",
            "LLMEngine", "SchedulerConfig", "SamplingParams", "RequestOutput", "simulate"]

@@ -18,12 +18,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     if command == "bench":
-        from .bench import main as bench_main
+        from .book.bench import main as bench_main
         return bench_main(rest)
     if command == "figures":
         import argparse
 
-        from .plots import save_readme_figures
+        from .book.figures import save_readme_figures
         args = argparse.ArgumentParser(prog="python -m minillm figures")
         args.add_argument("--out", default="figures")
         out = args.parse_args(rest).out

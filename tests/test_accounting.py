@@ -4,8 +4,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from minillm import accounting
-from minillm.accounting import causal_pairs, prefill_cost, prefill_flops, step_cost
+from minillm.sim import accounting
+from minillm.sim.accounting import causal_pairs, prefill_cost, prefill_flops, step_cost
 from minillm.config import ModelConfig
 
 LLAMA3 = ModelConfig.preset("llama-3-8b")

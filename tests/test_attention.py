@@ -243,7 +243,7 @@ def test_flash_backend_refuses_float32_or_a_missing_package_with_a_value_error()
 
 # ---- the chapter-1 exercise checkers accept the engine and reject classic mistakes ----
 def test_chapter1_checkers_accept_the_engine_and_reject_a_top_left_mask(capsys):
-    from minillm.exercises import check_attention, check_causal_mask, check_merge_attention
+    from minillm.grading import check_attention, check_causal_mask, check_merge_attention
     assert check_causal_mask(lambda n, m: causal_mask(n, m), seed=0)
     assert check_attention(reference_attention, seed=0)
     assert check_merge_attention(merge_attention, seed=0)

@@ -1,10 +1,10 @@
 """cost_model.py: predictions against measured GPU operator times, and sanity."""
 import pytest
 
-from minillm import cost_model
-from minillm.accounting import OPS
+from minillm.sim import cost_model
+from minillm.sim.accounting import OPS
 from minillm.config import ModelConfig
-from minillm.cost_model import linear_op_errors, load_gpu_op_profile, predict_step
+from minillm.sim.cost_model import linear_op_errors, load_gpu_op_profile, predict_step
 
 PROFILE_FILES = sorted(cost_model.PROFILE_DIR.glob("*.csv"))
 LLAMA3 = ModelConfig.preset("llama-3-8b")

@@ -169,7 +169,7 @@ def test_ttft_counts_the_wait_for_the_step_boundary():
     its TTFT starts at its own arrival, not at that boundary."""
     from minillm.engine import EngineCore, VirtualClock
     from minillm.kv_cache import BlockManager
-    from minillm.workloads import Workload, WorkloadRequest
+    from minillm.sim.workloads import Workload, WorkloadRequest
 
     class OneSecondSteps:
         def execute(self, plan, samples):

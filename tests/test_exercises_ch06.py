@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from minillm.exercises import ch06
+from minillm.grading import ch06
 
 
 def schedule_chunked(decoding, prefilling, chunk_size, token_budget):

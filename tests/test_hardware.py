@@ -1,8 +1,8 @@
 """hardware.py: profiles, lookup errors, calibration (tiny and cached)."""
 import pytest
 
-from minillm import hardware
-from minillm.hardware import PROFILES, Hardware, calibrate, get_hardware
+from minillm.sim import hardware
+from minillm.sim.hardware import PROFILES, Hardware, calibrate, get_hardware
 
 
 def test_profiles_carry_the_datasheet_peaks():

@@ -165,7 +165,7 @@ def test_bad_step_shape_is_a_value_error_naming_it():
 def test_chapter2_checkers_accept_the_engine_and_reject_tiled_kv_heads():
     import torch.nn.functional as F
     from minillm.attention import _expand_kv_heads
-    from minillm.exercises import check_repeat_kv, check_rms_norm, check_rope, check_swiglu
+    from minillm.grading import check_repeat_kv, check_rms_norm, check_rope, check_swiglu
 
     def rope(x, positions, theta):
         cfg = SMALL.replace(head_dim=x.shape[-1], rope_theta=theta)

@@ -4,11 +4,11 @@ import pytest
 from matplotlib.figure import Figure
 from matplotlib.patches import StepPatch
 
-from minillm import plots
+from minillm.book import figures
 from minillm.engine import EngineCore, StepRecord, VirtualClock
 from minillm.kv_cache import BlockManager
 from minillm.scheduler import SchedulerConfig
-from minillm.workloads import long_prompt_interference
+from minillm.sim.workloads import long_prompt_interference
 
 
 class UnitTimeExecutor:
@@ -37,7 +37,7 @@ def no_figure_left_open():
 @pytest.mark.parametrize("x", ["step", "time"])
 def test_step_timeline_draws_decode_and_prefill_staircases(run, x):
     trace, _ = run
-    fig = plots.plot_step_timeline(trace, x=x)
+    fig = figures.plot_step_timeline(trace, x=x)
     assert isinstance(fig, Figure) and len(fig.axes) == 1
     stairs = [p for p in fig.axes[0].patches if isinstance(p, StepPatch)]
     assert len(stairs) == 2
@@ -50,16 +50,16 @@ def test_step_timeline_draws_decode_and_prefill_staircases(run, x):
 def test_step_timeline_on_given_axes_and_empty_trace(run):
     fig, (a, b) = plt.subplots(1, 2)
     plt.close(fig)
-    assert plots.plot_step_timeline(run[0], ax=b, title="mine") is fig
+    assert figures.plot_step_timeline(run[0], ax=b, title="mine") is fig
     assert b.get_title() == "mine" and not a.patches
-    assert len(plots.plot_step_timeline([]).axes[0].patches) == 0
+    assert len(figures.plot_step_timeline([]).axes[0].patches) == 0
     with pytest.raises(ValueError, match="x="):
-        plots.plot_step_timeline(run[0], x="tokens")
+        figures.plot_step_timeline(run[0], x="tokens")
 
 
 def test_step_timeline_leaves_idle_time_empty():
     trace = [StepRecord(0.0, 0.01, [(0, 4)], 4, 0), StepRecord(0.05, 0.06, [(0, 1)], 0, 1)]
-    decode, top = (p.get_data() for p in plots.plot_step_timeline(trace, x="time").axes[0].patches)
+    decode, top = (p.get_data() for p in figures.plot_step_timeline(trace, x="time").axes[0].patches)
     assert list(top.edges) == pytest.approx([0, 10, 50, 60])
     assert list(top.values) == [4, 0, 1]
 
@@ -67,13 +67,13 @@ def test_step_timeline_leaves_idle_time_empty():
 @pytest.mark.parametrize("tag, streams", [("decoder", 3), ("long", 1), (None, 4)])
 def test_token_gaps_draw_one_line_per_stream(run, tag, streams):
     _, outputs = run
-    fig = plots.plot_token_gaps(outputs, tag=tag)
+    fig = figures.plot_token_gaps(outputs, tag=tag)
     assert len(fig.axes[0].lines) == streams
 
 
 def test_token_gaps_show_the_stall_as_the_highest_point(run):
     trace, outputs = run
-    fig = plots.plot_token_gaps(outputs, tag="decoder")
+    fig = figures.plot_token_gaps(outputs, tag="decoder")
     highest = max(max(line.get_ydata()) for line in fig.axes[0].lines)
     assert highest == pytest.approx(max(r.duration for r in trace) * 1e3, rel=0.5)
     assert f"{highest:.1f} ms" in fig.axes[0].get_title()
@@ -88,27 +88,27 @@ def test_token_gaps_show_the_stall_as_the_highest_point(run):
     dict(model="qwen3-0.6b", hardware="H100-SXM", chunk_size=100),
 ])
 def test_lab_figure_has_three_views_and_a_verdict(settings):
-    fig = plots.lab_figure(**settings)
+    fig = figures.lab_figure(**settings)
     assert len(fig.axes) == 3
     timeline, gaps, sweep = fig.axes
     assert len([p for p in timeline.patches if isinstance(p, StepPatch)]) == 2
-    assert len(gaps.lines) == plots.LabSettings(**settings).num_decoders
-    assert len([line for line in sweep.lines if len(line.get_xdata()) == len(plots.CHUNK_SIZES)]) == 4
+    assert len(gaps.lines) == figures.LabSettings(**settings).num_decoders
+    assert len([line for line in sweep.lines if len(line.get_xdata()) == len(figures.CHUNK_SIZES)]) == 4
     assert "ITL SLO" in fig._suptitle.get_text()
 
 
 def test_verdict_and_best_chunk_follow_the_slo():
-    assert plots.lab_verdict(chunk_size=16, itl_slo_ms=1000).startswith("MEETS")
-    assert plots.lab_verdict(chunk_size="off", itl_slo_ms=1).startswith("MISSES")
-    loose = plots.best_chunk_size(itl_slo_ms=1000)
-    tight = plots.best_chunk_size(itl_slo_ms=30)
+    assert figures.lab_verdict(chunk_size=16, itl_slo_ms=1000).startswith("MEETS")
+    assert figures.lab_verdict(chunk_size="off", itl_slo_ms=1).startswith("MISSES")
+    loose = figures.best_chunk_size(itl_slo_ms=1000)
+    tight = figures.best_chunk_size(itl_slo_ms=30)
     assert loose in ("off", 4096, 2048)
     assert isinstance(tight, int) and tight < 512
-    assert plots.best_chunk_size(itl_slo_ms=0.001) is None
+    assert figures.best_chunk_size(itl_slo_ms=0.001) is None
 
 
 def test_chunk_sweep_ttft_falls_and_worst_gap_rises_with_chunk_size():
-    rows = [r for r in plots.chunk_sweep() if r["chunk_size"] != "off"]
+    rows = [r for r in figures.chunk_sweep() if r["chunk_size"] != "off"]
     ttft = [r["long_ttft_s"] for r in rows]
     worst = [r["itl_max_s"] for r in rows]
     assert ttft == sorted(ttft, reverse=True)
@@ -128,34 +128,34 @@ def test_chunk_sweep_ttft_falls_and_worst_gap_rises_with_chunk_size():
     (dict(itl_slo_ms=-3), "itl_slo_ms"),
 ])
 def test_bad_lab_settings_are_value_errors_naming_the_setting(bad, word):
-    for fn in (plots.lab_figure, plots.lab_verdict, plots.chunk_sweep):
+    for fn in (figures.lab_figure, figures.lab_verdict, figures.chunk_sweep):
         with pytest.raises(ValueError, match=word):
             fn(**bad)
 
 
 def test_roofline_places_decodes_left_and_big_chunks_right_of_the_ridge():
-    from minillm.hardware import get_hardware
-    fig = plots.plot_roofline("llama-3-8b", "A100-80GB")
+    from minillm.sim.hardware import get_hardware
+    fig = figures.plot_roofline("llama-3-8b", "A100-80GB")
     assert len(fig.axes[0].lines) >= 2 and len(fig.axes[0].collections) == 7
     ridge = get_hardware("A100-80GB").ridge_point
-    points = dict((label, x) for label, x, _ in plots.roofline_points())
+    points = dict((label, x) for label, x, _ in figures.roofline_points())
     assert points["decode x1"] < ridge < points["chunk 512"]
     with pytest.raises(ValueError, match="hardware"):
-        plots.plot_roofline(hardware="TPU")
+        figures.plot_roofline(hardware="TPU")
 
 
 def test_op_and_step_fidelity_plots():
-    from minillm.cost_model import profile_paths
-    fig = plots.plot_op_fidelity(profile_paths()[0], ops=("qkv_proj", "o_proj"))
+    from minillm.sim.cost_model import profile_paths
+    fig = figures.plot_op_fidelity(profile_paths()[0], ops=("qkv_proj", "o_proj"))
     assert len(fig.axes[0].lines) == 2 and len(fig.axes[0].collections) == 2
     rows = [(16, 2, 64, 0.020, 0.022), (0, 4, 64, 0.010, 0.009)]
-    fig = plots.plot_step_fidelity(rows)
+    fig = figures.plot_step_fidelity(rows)
     assert "median |error|" in fig.axes[0].get_title()
     with pytest.raises(ValueError, match="rows"):
-        plots.plot_step_fidelity([])
+        figures.plot_step_fidelity([])
 
 
 def test_save_readme_figures_writes_three_pngs(tmp_path):
-    paths = plots.save_readme_figures(tmp_path / "figs")
+    paths = figures.save_readme_figures(tmp_path / "figs")
     assert sorted(p.name for p in paths) == ["roofline.png", "stall_timeline.png", "ttft_tpot_vs_chunk.png"]
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)

@@ -3,15 +3,15 @@ import pytest
 import torch
 
 from minillm.config import ModelConfig
-from minillm.cost_model import predict_step as cost_model_predict_step
+from minillm.sim.cost_model import predict_step as cost_model_predict_step
 from minillm.engine import LLMEngine
-from minillm.fidelity import (FittedHardware, _basis_hardware, evaluation_shapes, fit_step_model,
+from minillm.book.fidelity import (FittedHardware, _basis_hardware, evaluation_shapes, fit_step_model,
                               measure_step_times, predict_step_times, step_shape)
-from minillm.hardware import PROFILES
+from minillm.sim.hardware import PROFILES
 from minillm.loader import build_model
 from minillm.scheduler import SchedulerConfig
-from minillm.simulator import SimResult, predict_step, simulate
-from minillm.workloads import long_prompt_interference, poisson_mix
+from minillm.sim.simulator import SimResult, predict_step, simulate
+from minillm.sim.workloads import long_prompt_interference, poisson_mix
 
 SMALL = dict(prompt_len=80, num_decoders=3, decoder_prompt_len=8, warmup_tokens=3, long_output_len=4)
 POLICY_CONFIGS = [SchedulerConfig(policy="chunked", chunk_size=24),

@@ -1,6 +1,6 @@
 import pytest
 
-from minillm import workloads
+from minillm.sim import workloads
 
 
 def test_interference_streams_outlast_a_finely_chunked_prefill():

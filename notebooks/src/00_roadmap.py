@@ -154,7 +154,7 @@ assert max_itl > mean_tpot > decode_s
 # steps for Llama-3-8B in bf16 on an A100-80GB:
 
 # %%
-from minillm.cost_model import predict_step   # the cost model of chapter 5
+from minillm.sim.cost_model import predict_step   # the cost model of chapter 5
 
 llama3 = minillm.ModelConfig.preset("llama-3-8b")
 gpu_prefill_s = predict_step(llama3, [(2048, 0)], hardware="A100-80GB").total

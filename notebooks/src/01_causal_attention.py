@@ -25,7 +25,7 @@ import minillm
 from minillm.attention import (AttentionBatch, causal_mask, merge_attention, paged_attention,
                                reference_attention, sdpa_attention, write_kv)
 from minillm.kv_cache import BlockManager
-from minillm.show import show_source
+from minillm.book.show import show_source
 
 torch.manual_seed(0)
 device = minillm.default_device()

@@ -25,7 +25,7 @@ import minillm
 from minillm import ModelConfig, prefill_kv, tokenizer
 from minillm.model import (MLP, Attention, DecoderLayer, LlamaModel, RMSNorm, apply_rope,
                            rope_cos_sin)
-from minillm.show import show_source
+from minillm.book.show import show_source
 
 torch.manual_seed(0)
 device = minillm.default_device()

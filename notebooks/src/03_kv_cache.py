@@ -30,7 +30,7 @@ from minillm.config import PRESETS
 from minillm.device import synchronize
 from minillm.kv_cache import BlockManager, OutOfBlocksError, PagedKVCache, blocks_for
 from minillm.model_runner import ModelRunner, StepChunk
-from minillm.show import show_source
+from minillm.book.show import show_source
 
 torch.manual_seed(0)
 device = minillm.default_device()

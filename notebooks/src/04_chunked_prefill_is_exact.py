@@ -31,7 +31,7 @@ from minillm import attention, prefill_kv
 from minillm.attention import AttentionBatch
 from minillm.kv_cache import BlockManager, PagedKVCache, blocks_for
 from minillm.model_runner import ModelRunner, StepChunk
-from minillm.show import show_source
+from minillm.book.show import show_source
 
 torch.manual_seed(0)
 device = minillm.default_device()

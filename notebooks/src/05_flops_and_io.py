@@ -20,10 +20,12 @@ import numpy as np
 import torch
 
 import minillm
-from minillm import accounting, cost_model, hardware
-from minillm.accounting import prefill_cost, prefill_flops, step_cost
+from minillm.sim import accounting
+from minillm.sim import cost_model
+from minillm.sim import hardware
+from minillm.sim.accounting import prefill_cost, prefill_flops, step_cost
 from minillm.config import ModelConfig
-from minillm.show import show_source
+from minillm.book.show import show_source
 
 torch.manual_seed(0)
 llama3 = ModelConfig.preset("llama-3-8b")

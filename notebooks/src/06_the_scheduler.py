@@ -23,13 +23,14 @@ import matplotlib.pyplot as plt
 import torch
 
 import minillm
-from minillm import metrics, workloads
+from minillm import metrics
+from minillm.sim import workloads
 from minillm.engine import EngineCore
 from minillm.kv_cache import BlockManager
-from minillm.plots import plot_step_timeline, plot_token_gaps
+from minillm.book.figures import plot_step_timeline, plot_token_gaps
 from minillm.request import Request, SamplingParams
 from minillm.scheduler import Scheduler, SchedulerConfig
-from minillm.show import show_source
+from minillm.book.show import show_source
 
 torch.manual_seed(0)
 device = minillm.default_device()
@@ -216,7 +217,7 @@ for c in CHUNK_SIZES:
 # Under `prefill_first` the prompt's step holds 1024 prefill tokens and no decode: all
 # four streams sit out. Under `chunked` the prompt goes in `1024 / 128 = 8` chunks and
 # every one of those steps also carries the four decodes. Drawn against time, with each
-# bar as wide as its step lasted (`minillm.plots.plot_step_timeline`):
+# bar as wide as its step lasted (`minillm.figures.plot_step_timeline`):
 
 # %%
 # NBVAL_IGNORE_OUTPUT

@@ -23,14 +23,16 @@ import matplotlib.pyplot as plt
 import torch
 
 import minillm
-from minillm import plots, widgets, workloads
-from minillm.accounting import step_cost
-from minillm.cost_model import load_gpu_op_profile, profile_paths
-from minillm.fidelity import run_cpu_fidelity
-from minillm.hardware import get_hardware
+from minillm.book import figures
+from minillm.book import widgets
+from minillm.sim import workloads
+from minillm.sim.accounting import step_cost
+from minillm.sim.cost_model import load_gpu_op_profile, profile_paths
+from minillm.book.fidelity import run_cpu_fidelity
+from minillm.sim.hardware import get_hardware
 from minillm.scheduler import SchedulerConfig
-from minillm.show import show_source
-from minillm.simulator import CostModelExecutor, predict_step, simulate
+from minillm.book.show import show_source
+from minillm.sim.simulator import CostModelExecutor, predict_step, simulate
 
 torch.manual_seed(0)
 print("device for the real engine:", minillm.default_device())
@@ -83,7 +85,7 @@ for sched in (SchedulerConfig(policy="chunked", chunk_size=48), SchedulerConfig(
 # which also carries the four decodes.
 
 # %%
-stall = plots.plot_stall(plots.LabSettings(model="llama-3-8b", hardware="A100-80GB"), chunk_size=512)
+stall = figures.plot_stall(figures.LabSettings(model="llama-3-8b", hardware="A100-80GB"), chunk_size=512)
 stall
 
 # %%
@@ -117,9 +119,9 @@ assert abs(chunked["decoder_tpot_mean_s"] - whole["decoder_tpot_mean_s"]) < 0.1 
 # on this device" runs the real engine with the tiny model instead (slower: a progress bar
 # shows it working; its sweep fills in as you measure more chunk sizes).
 #
-# Every view is a plain function of the settings (`plots.lab_figure(settings)`,
-# `plots.lab_verdict(settings)`); the widget only wires controls to them, so the figure
-# below the widget is exactly what `plots.lab_figure` draws.
+# Every view is a plain function of the settings (`figures.lab_figure(settings)`,
+# `figures.lab_verdict(settings)`); the widget only wires controls to them, so the figure
+# below the widget is exactly what `figures.lab_figure` draws.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -129,7 +131,7 @@ widgets.lab()
 # The same view without the widget, for readers of the static page (chunk 256):
 
 # %%
-plots.lab_figure(chunk_size=256)
+figures.lab_figure(chunk_size=256)
 
 # %% [markdown]
 # How fast does the lab answer? A slider move first updates the verdict line (the
@@ -143,20 +145,20 @@ plots.lab_figure(chunk_size=256)
 # NBVAL_IGNORE_OUTPUT
 import io
 
-plots.lab_figure()                                   # fills the cache for the default scenario
+figures.lab_figure()                                   # fills the cache for the default scenario
 answer_s, build_s, render_s = [], [], []
-for chunk in (64, 256, 1024, plots.OFF):
+for chunk in (64, 256, 1024, figures.OFF):
     t0 = time.perf_counter()
-    settings, line = widgets.verdict_html(**{**vars(plots.LabSettings()), "chunk_size": chunk})
+    settings, line = widgets.verdict_html(**{**vars(figures.LabSettings()), "chunk_size": chunk})
     answer_s.append(time.perf_counter() - t0)
     t0 = time.perf_counter()
-    fig = plots.lab_figure(chunk_size=chunk)
+    fig = figures.lab_figure(chunk_size=chunk)
     t1 = time.perf_counter()
     fig.savefig(io.BytesIO(), format="png", dpi=72)
     build_s.append(t1 - t0)
     render_s.append(time.perf_counter() - t1)
 t0 = time.perf_counter()
-plots.chunk_sweep(prompt_len=1536)                   # a new scenario: ten fresh simulations
+figures.chunk_sweep(prompt_len=1536)                   # a new scenario: ten fresh simulations
 sweep_s = time.perf_counter() - t0
 print(f"slider move: verdict in {statistics.median(answer_s) * 1e3:.1f} ms, figure built in "
       f"{statistics.median(build_s) * 1e3:.0f} ms and rendered in "
@@ -173,15 +175,15 @@ print(f"a new scenario (ten simulations): {sweep_s * 1e3:.0f} ms")
 # prompt, so this is simply the largest chunk size that meets the target.
 
 # %%
-rows = plots.chunk_sweep(model="llama-3-8b", hardware="A100-80GB")
+rows = figures.chunk_sweep(model="llama-3-8b", hardware="A100-80GB")
 print(f"{'chunk':>6s} {'long TTFT ms':>13s} {'worst gap ms':>13s} {'p99 gap ms':>11s} {'mean TPOT ms':>13s}")
 for r in rows:
     print(f"{r['chunk_size']!s:>6s} {r['long_ttft_s'] * 1e3:13.0f} {r['itl_max_s'] * 1e3:13.1f} "
           f"{r['itl_p99_s'] * 1e3:11.1f} {r['tpot_mean_s'] * 1e3:13.1f}")
-best = plots.best_chunk_size(itl_slo_ms=50)
+best = figures.best_chunk_size(itl_slo_ms=50)
 print("best chunk size for a 50 ms worst gap:", best)
 meeting = [r for r in rows if r["itl_max_s"] <= 0.050]
-assert best == max((r["chunk_size"] for r in meeting if r["chunk_size"] != plots.OFF), default=None)
+assert best == max((r["chunk_size"] for r in meeting if r["chunk_size"] != figures.OFF), default=None)
 
 # %% [markdown]
 # Notice the p99 column at 2048 and 4096: it falls back to the normal gap although the
@@ -200,7 +202,7 @@ assert best == max((r["chunk_size"] for r in meeting if r["chunk_size"] != plots
 
 # %%
 cfg = minillm.ModelConfig.preset("llama-3-8b")
-chunks = [r for r in rows if r["chunk_size"] != plots.OFF]
+chunks = [r for r in rows if r["chunk_size"] != figures.OFF]
 prefill_rate = [2048 / r["long_ttft_s"] for r in chunks]
 intensity = [step_cost(cfg, [(r["chunk_size"], 0)] + [(1, 1024)] * 4).intensity for r in chunks]
 fig, ax = plt.subplots(figsize=(7, 3.4), layout="constrained")
@@ -340,10 +342,10 @@ assert kv_bytes == 64 * 2**20 and 30 < kv_us < 35
 # %%
 recommended = {}
 for hw_name in ("A100-40GB", "A100-80GB", "H100-SXM", "H200"):
-    recommended[hw_name] = {slo: plots.best_chunk_size(hardware=hw_name, itl_slo_ms=slo) for slo in (50, 100)}
+    recommended[hw_name] = {slo: figures.best_chunk_size(hardware=hw_name, itl_slo_ms=slo) for slo in (50, 100)}
     print(f"{hw_name:10s} worst gap <= 50 ms: chunk {recommended[hw_name][50]!s:5s}   "
           f"<= 100 ms: chunk {recommended[hw_name][100]}")
-order = [2**30 if c == plots.OFF else c for c in (recommended["A100-80GB"][50], recommended["H100-SXM"][50])]
+order = [2**30 if c == figures.OFF else c for c in (recommended["A100-80GB"][50], recommended["H100-SXM"][50])]
 assert order[0] <= order[1]                         # a faster GPU affords bigger chunks
 
 # %% [markdown]
@@ -378,7 +380,7 @@ assert order[0] <= order[1]                         # a faster GPU affords bigge
 # %%
 paths = {p.name: p for p in profile_paths()}
 profile = load_gpu_op_profile(paths["a100_Meta-Llama-3-8B.csv"])
-plots.plot_op_fidelity(profile, ops=("qkv_proj", "mlp_down_proj"))
+figures.plot_op_fidelity(profile, ops=("qkv_proj", "mlp_down_proj"))
 
 # %% [markdown]
 # Two places where a plain roofline (max of compute time and memory time) bends:
@@ -393,7 +395,7 @@ plots.plot_op_fidelity(profile, ops=("qkv_proj", "mlp_down_proj"))
 # The roofline of the same GPU, with real steps placed on it at their arithmetic intensity:
 
 # %%
-plots.plot_roofline("llama-3-8b", "A100-80GB")
+figures.plot_roofline("llama-3-8b", "A100-80GB")
 
 # %% [markdown]
 # ## 10. Fidelity on this machine
@@ -419,7 +421,7 @@ print(f"{fid['num_evaluation_shapes']} evaluation steps in {fid['seconds']:.1f} 
       f"{fid['calibrate_median_abs_rel_error']:.0%} with calibrate()'s matmul and copy peaks")
 print(f"fitted: {fid['effective_flops_s'] / 1e9:.0f} GFLOP/s, {fid['effective_bandwidth_bytes_s'] / 1e9:.1f} GB/s, "
       f"{fid['per_seq_overhead_s'] * 1e3:.2f} ms per sequence, {fid['step_overhead_s'] * 1e3:.2f} ms per step")
-plots.plot_step_fidelity(fid["rows"])
+figures.plot_step_fidelity(fid["rows"])
 
 # %% [markdown]
 # On a quiet machine the fitted model lands within about 10% of the measured steps; a
@@ -434,18 +436,18 @@ plots.plot_step_fidelity(fid["rows"])
 # %%
 # NBVAL_IGNORE_OUTPUT
 measured = {}
-for chunk in (plots.OFF, 64):
-    run = plots.lab_run(mode="measure", prompt_len=512, num_decoders=2, chunk_size=chunk)
+for chunk in (figures.OFF, 64):
+    run = figures.lab_run(mode="measure", prompt_len=512, num_decoders=2, chunk_size=chunk)
     measured[chunk] = run.summary
     print(f"{run.device}, chunk {chunk}: worst gap {run.summary['decoder_itl_max_s'] * 1e3:.0f} ms, "
           f"median gap {run.summary['decoder_itl_p50_s'] * 1e3:.0f} ms, long TTFT {run.summary['long_ttft_s'] * 1e3:.0f} ms")
-plots.lab_figure(mode="measure", prompt_len=512, num_decoders=2, chunk_size=64)
+figures.lab_figure(mode="measure", prompt_len=512, num_decoders=2, chunk_size=64)
 
 # %%
 if minillm.default_device().type == "cpu":
     # on a GPU the tiny model's steps are all launch-bound (about a millisecond), so the
     # stall of a 512-token prompt hides in the noise; on a CPU it is several steps long
-    assert measured[64]["decoder_itl_max_s"] < measured[plots.OFF]["decoder_itl_max_s"]
+    assert measured[64]["decoder_itl_max_s"] < measured[figures.OFF]["decoder_itl_max_s"]
 
 # %% [markdown]
 # ## Takeaways

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-import minillm.exercises as ex
+import minillm.grading as ex
 
 # %% [markdown]
 # ## 1. The mask of a chunk over a cache

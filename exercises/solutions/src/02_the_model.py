@@ -10,7 +10,7 @@
 import torch
 import torch.nn.functional as F
 
-import minillm.exercises as ex
+import minillm.grading as ex
 
 # %% [markdown]
 # ## 1. RMSNorm

@@ -7,7 +7,7 @@
 # %%
 import torch
 
-import minillm.exercises as ex
+import minillm.grading as ex
 from minillm.config import ModelConfig
 
 # %% [markdown]

@@ -8,7 +8,7 @@
 import torch
 
 import minillm
-import minillm.exercises as ex
+import minillm.grading as ex
 from minillm.attention import AttentionBatch
 from minillm.kv_cache import BlockManager, PagedKVCache
 

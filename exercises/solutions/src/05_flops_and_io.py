@@ -5,8 +5,8 @@
 # `minillm.accounting` on fresh random model shapes and says what is wrong.
 
 # %%
-import minillm.exercises as ex
-from minillm.accounting import step_cost
+import minillm.grading as ex
+from minillm.sim.accounting import step_cost
 from minillm.config import ModelConfig
 
 cfg = ModelConfig.preset("llama-3-8b")

@@ -8,7 +8,7 @@
 # %%
 import math
 
-import minillm.exercises as ex
+import minillm.grading as ex
 from minillm.request import RequestMetrics
 
 # %% [markdown]

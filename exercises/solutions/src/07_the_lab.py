@@ -10,15 +10,15 @@
 # %%
 import math
 
-import minillm.exercises as ex
-from minillm import plots
-from minillm.hardware import get_hardware
-from minillm.simulator import predict_step
+import minillm.grading as ex
+from minillm.book import figures
+from minillm.sim.hardware import get_hardware
+from minillm.sim.simulator import predict_step
 
 # %% [markdown]
 # ## 1. Choose the chunk size for an SLO
 #
-# `rows` is a chunk-size sweep like `plots.chunk_sweep()` returns: a list of dicts with
+# `rows` is a chunk-size sweep like `figures.chunk_sweep()` returns: a list of dicts with
 # `chunk_size` (an int, or `"off"` for no chunking), `long_ttft_s` (the long prompt's
 # TTFT) and `itl_max_s` (the worst gap any stream saw), in any order. Return the
 # `chunk_size` with the lowest `long_ttft_s` among the rows whose `itl_max_s`, in
@@ -44,10 +44,10 @@ ex.check_choose_chunk_size(choose_chunk_size)
 # a 30 ms worst gap?
 
 # %%
-rows = plots.chunk_sweep(model="llama-3-8b", hardware="H100-SXM")
+rows = figures.chunk_sweep(model="llama-3-8b", hardware="H100-SXM")
 choice = choose_chunk_size(rows, 30)
 print("H100, worst gap <= 30 ms:", choice)
-assert choice == plots.best_chunk_size(model="llama-3-8b", hardware="H100-SXM", itl_slo_ms=30)
+assert choice == figures.best_chunk_size(model="llama-3-8b", hardware="H100-SXM", itl_slo_ms=30)
 
 # %% [markdown]
 # ## 2. Expected TTFT from the step count
@@ -133,7 +133,7 @@ def decode_floor_s(cfg, hw, dtype_bytes=2):
 
 # %%
 ex.check_decode_floor(decode_floor_s)
-cfg = plots.resolve_model("llama-2-7b")
+cfg = figures.resolve_model("llama-2-7b")
 print(f"llama-2-7b bf16: {decode_floor_s(cfg, get_hardware('A100-80GB')) * 1e3:.1f} ms on an A100-80GB, "
       f"{decode_floor_s(cfg, get_hardware('H100-SXM')) * 1e3:.1f} ms on an H100; "
       f"in 8 bits on the A100: {decode_floor_s(cfg, get_hardware('A100-80GB'), 1) * 1e3:.1f} ms")

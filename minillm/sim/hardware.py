@@ -128,7 +128,7 @@ def cache_dir() -> Path:
 
 
 def _best_time_s(fn, device, repeats: int) -> float:
-    from .device import synchronize
+    from ..device import synchronize
     fn()                                         # warm-up: allocation, thread pool, kernels
     synchronize(device)
     best = float("inf")
@@ -155,7 +155,7 @@ def calibrate(device=None, dtype=None, force: bool = False, matmul_size: int = 1
     import torch
     from tqdm.auto import tqdm
 
-    from .device import resolve_device
+    from ..device import resolve_device
 
     dev = resolve_device(device)
     if dtype is None:

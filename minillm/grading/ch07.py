@@ -10,12 +10,12 @@ import math
 import random
 
 from ..config import ModelConfig
-from ..hardware import PROFILES, get_hardware
+from ..sim.hardware import PROFILES, get_hardware
 from ..metrics import summarize
-from ..plots import OFF, pick_chunk_size
+from ..book.figures import OFF, pick_chunk_size
 from ..scheduler import SchedulerConfig
-from ..simulator import simulate
-from ..workloads import long_prompt_interference, poisson_mix
+from ..sim.simulator import simulate
+from ..sim.workloads import long_prompt_interference, poisson_mix
 
 __all__ = ["check_choose_chunk_size", "check_expected_ttft", "check_goodput", "check_decode_floor",
            "engine_long_ttft"]

@@ -26,9 +26,9 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from .config import ModelConfig
-from .cost_model import predict_step
-from .hardware import Hardware
+from ..config import ModelConfig
+from ..sim.cost_model import predict_step
+from ..sim.hardware import Hardware
 
 __all__ = ["step_shape", "calibration_shapes", "evaluation_shapes", "measure_step_times",
            "predict_step_times", "FittedHardware", "fit_step_model", "relative_errors",
@@ -70,8 +70,8 @@ def measure_step_times(model, shapes, repeats: int = 5, seed: int = 0, progress:
     """
     from tqdm.auto import tqdm
 
-    from .device import synchronize
-    from .model_runner import prepare_step
+    from ..device import synchronize
+    from ..model_runner import prepare_step
 
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats={repeats!r}: must be a positive integer")
@@ -175,7 +175,7 @@ def run_cpu_fidelity(model=None, repeats: int = 5, eval_shapes=None, calib_shape
     """
     import torch
 
-    from .loader import build_model
+    from ..loader import build_model
 
     if model is None:
         model = build_model("tiny", seed=seed, dtype=torch.float32, device="cpu")
@@ -205,7 +205,7 @@ def run_cpu_fidelity(model=None, repeats: int = 5, eval_shapes=None, calib_shape
         "rows": [(*s, m, p) for s, m, p in zip(eval_shapes, eval_measured, predicted)],
     }
     if include_calibrate:
-        from .hardware import calibrate
+        from ..sim.hardware import calibrate
         hw = calibrate(device=model.device, dtype=model.dtype, progress=False)
         raw = predict_step_times(cfg, eval_shapes, hw, dtype_bytes)
         result["calibrate_median_abs_rel_error"] = statistics.median(

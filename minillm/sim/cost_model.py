@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .accounting import OPS, _check_cfg, _check_dtype_bytes, normalize_step, step_cost
-from .config import ModelConfig
+from ..config import ModelConfig
 from .hardware import Hardware, get_hardware
 
 __all__ = [
@@ -55,7 +55,7 @@ __all__ = [
 def _find_profile_dir() -> Path:
     """$MINILLM_PROFILE_DIR, else the first of repo/data, repo/shared/data, ../shared/data."""
     import os
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     candidates = [Path(os.environ["MINILLM_PROFILE_DIR"])] if os.environ.get("MINILLM_PROFILE_DIR") else []
     candidates += [repo / "data" / "gpu-op-profiles", repo / "shared" / "data" / "gpu-op-profiles",
                    repo.parent / "shared" / "data" / "gpu-op-profiles"]

@@ -13,9 +13,9 @@ from numbers import Integral, Real
 import matplotlib.pyplot as plt
 import matplotlib.ticker
 
-from .scheduler import SchedulerConfig
-from .simulator import resolve_hardware, resolve_model
-from .workloads import Workload, long_prompt_interference
+from ..scheduler import SchedulerConfig
+from ..sim.simulator import resolve_hardware, resolve_model
+from ..sim.workloads import Workload, long_prompt_interference
 
 PREFILL_COLOR = "#d62728"    # red: prompt tokens
 DECODE_COLOR = "#1f77b4"     # blue: decode tokens
@@ -196,7 +196,7 @@ def _summary_row(summary: dict) -> dict:
 
 @lru_cache(maxsize=256)
 def _simulated_run(settings: LabSettings) -> LabRun:
-    from .simulator import simulate
+    from ..sim.simulator import simulate
     res = simulate(settings.workload(), settings.sched(), model=settings.model, hardware=settings.hardware)
     name = settings.hardware if isinstance(settings.hardware, str) else settings.hardware.name
     return LabRun(settings, res.outputs, res.trace, res.summary(), f"{name} (simulated)")
@@ -209,7 +209,7 @@ _MEASURED: dict[LabSettings, LabRun] = {}
 def _tiny_model(device: str):
     import torch
 
-    from .loader import build_model
+    from ..loader import build_model
     return build_model("tiny", seed=0, dtype=torch.float32, device=device)
 
 
@@ -217,9 +217,9 @@ def _measured_run(settings: LabSettings, progress: bool = False) -> LabRun:
     """The real engine with the built-in tiny model on this device (memoized per settings)."""
     key = replace(settings, model="tiny", hardware="this device", itl_slo_ms=1.0)
     if key not in _MEASURED:
-        from .device import default_device
-        from .engine import LLMEngine
-        from .simulator import SimResult
+        from ..device import default_device
+        from ..engine import LLMEngine
+        from ..sim.simulator import SimResult
         device = default_device()
         model = _tiny_model(str(device))
         sched = settings.sched()
@@ -371,8 +371,8 @@ def roofline_points(model="llama-3-8b", hardware="A100-80GB", dtype_bytes: int =
                     num_cached: int = 1024):
     """Example steps as (label, intensity FLOPs/byte, predicted FLOP/s): decodes of
     growing batches over num_cached tokens, and prefill chunks of growing size."""
-    from .accounting import step_cost
-    from .cost_model import predict_step
+    from ..sim.accounting import step_cost
+    from ..sim.cost_model import predict_step
     cfg, hw = resolve_model(model), resolve_hardware(hardware)
     shapes = [(f"decode x{n}", [(1, num_cached)] * n) for n in (1, 8, 64)]
     shapes += [(f"chunk {c}", [(c, 0)]) for c in (16, 128, 512, 2048)]
@@ -417,7 +417,7 @@ def plot_roofline(model="llama-3-8b", hardware="A100-80GB", dtype_bytes: int = 2
 def plot_op_fidelity(profile, ops=("qkv_proj", "mlp_down_proj"), hardware=None, ax=None, title=None):
     """Measured GPU operator times (points) vs the cost model (lines) against num_tokens,
     for one file of shared/data/gpu-op-profiles (a path or a GpuOpProfile)."""
-    from .cost_model import linear_op_errors, load_gpu_op_profile
+    from ..sim.cost_model import linear_op_errors, load_gpu_op_profile
     if not hasattr(profile, "times_s"):
         profile = load_gpu_op_profile(profile)
     errors = linear_op_errors(profile, hardware, ops)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import random
 
-from ..accounting import step_cost
+from ..sim.accounting import step_cost
 from ..config import PRESETS, ModelConfig
 
 __all__ = ["check_layer_flops", "check_kv_bytes_per_token", "check_step_intensity"]

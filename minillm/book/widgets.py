@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import html
 
-from . import plots
-from .hardware import PROFILES
+from . import figures as plots
+from ..sim.hardware import PROFILES
 
 __all__ = ["lab", "lab_controls"]
 

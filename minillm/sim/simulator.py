@@ -13,14 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from numbers import Integral
 
-from .config import ModelConfig
+from ..config import ModelConfig
 from .cost_model import StepTime, predict_step
-from .engine import EngineCore, StepRecord, VirtualClock
+from ..engine import EngineCore, StepRecord, VirtualClock
 from .hardware import Hardware, PROFILES, get_hardware
-from .kv_cache import BlockManager, blocks_for
-from .metrics import distribution, summarize
-from .request import RequestOutput
-from .scheduler import SchedulerConfig
+from ..kv_cache import BlockManager, blocks_for
+from ..metrics import distribution, summarize
+from ..request import RequestOutput
+from ..scheduler import SchedulerConfig
 from .workloads import Workload
 
 __all__ = ["simulate", "SimResult", "CostModelExecutor", "predict_step", "StepTime",

@@ -18,12 +18,13 @@ from pathlib import Path
 
 import torch
 
-from . import metrics, workloads
-from .device import default_device
-from .engine import LLMEngine
-from .loader import build_model
-from .request import SamplingParams
-from .scheduler import SchedulerConfig
+from .. import metrics
+from ..sim import workloads
+from ..device import default_device
+from ..engine import LLMEngine
+from ..loader import build_model
+from ..request import SamplingParams
+from ..scheduler import SchedulerConfig
 
 
 def _table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
@@ -192,7 +193,7 @@ def bench_hf(num_requests: int = 32, device=None, seed: int = 0) -> dict:
 def _first_mismatch(model, prompts, outs, hf_tokens):
     """Where the first differing request diverges, and how close the two
     candidate logits were there (float32 ties flip with reduction order)."""
-    from .model_runner import prefill_kv
+    from ..model_runner import prefill_kv
 
     for i, (o, h) in enumerate(zip(outs, hf_tokens)):
         if o.output_token_ids != h:

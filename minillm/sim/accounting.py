@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .config import ModelConfig
+from ..config import ModelConfig
 
 __all__ = [
     "OPS", "DTYPE_BYTES", "StepCost", "step_cost", "prefill_flops", "prefill_cost",
