@@ -16,7 +16,8 @@ and the other heavier names load their layer on first use.
 """
 import importlib
 
-from . import attention, config, engine, kv_cache, metrics, model, model_runner, request, sampler, scheduler
+from . import (attention, config, device, engine, kv_cache, loader, metrics, model, model_runner, request, sampler,
+               scheduler, tokenizer)
 from .config import ModelConfig
 from .device import default_device
 from .engine import LLMEngine
