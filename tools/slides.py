@@ -66,11 +66,10 @@ def markdown_blocks(text: str) -> list[str]:
     blocks, lines, fenced = [], [], None
     for line in text.splitlines():
         stripped = line.strip()
-        for fence in ("```", "$$"):
-            if stripped.startswith(fence) and (fenced in (None, fence)):
-                opens_and_closes = fence == "$$" and len(stripped) > 2 and stripped.endswith("$$")
-                if not opens_and_closes:
-                    fenced = None if fenced == fence else fence
+        if fenced != "$$" and stripped.startswith("```"):
+            fenced = None if fenced == "```" else "```"
+        elif fenced != "```" and line.count("$$") % 2:     # display math opens or closes here
+            fenced = None if fenced == "$$" else "$$"
         if not stripped and fenced is None:
             if lines:
                 blocks.append("\n".join(lines))
