@@ -10,6 +10,7 @@ marker, e.g. the slide metadata that `make slides` (tools/slides.py) reads:
     # %% slideshow={"slide_type": "fragment"} tags=["slides-hide-output"]
 
     notebooks/src/NN_topic.py            -> notebooks/NN_topic.ipynb (executed)
+    notebooks/lecture/src/demos.py       -> notebooks/lecture/demos.ipynb (executed)
     exercises/solutions/src/NN_topic.py  -> exercises/solutions/NN_topic.ipynb (executed)
                                          -> exercises/NN_topic.ipynb (learner, stubs)
 
@@ -36,9 +37,9 @@ import nbformat
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 SLIDE_TYPES = ("slide", "subslide", "fragment", "skip", "notes", "-")
-# Keys that running a notebook writes into a cell's metadata; every other key
-# comes from the source.
-EXECUTION_KEYS = ("execution",)
+# Keys that building a notebook writes into a cell's metadata (running it, or
+# deriving nbgrader's from the code); every other key comes from the source header.
+EXECUTION_KEYS = ("execution", "nbgrader")
 
 
 def parse_header(line: str, where: str = "") -> tuple[str, dict]:
@@ -116,13 +117,12 @@ def learner_version(solution: nbformat.NotebookNode) -> nbformat.NotebookNode:
     pattern = re.compile(r"^([ \t]*)" + re.escape(BEGIN) + r".*?^[ \t]*" + re.escape(END) + r"[^\n]*",
                          re.S | re.M)
     for cell in solution.cells:
-        metadata = source_metadata(cell)
         if cell.cell_type == "code":
             source = pattern.sub(lambda m: f"{m.group(1)}# YOUR CODE HERE\n{m.group(1)}raise NotImplementedError",
                                  cell.source)
-            nb.cells.append(nbformat.v4.new_code_cell(source, metadata=metadata))
+            nb.cells.append(nbformat.v4.new_code_cell(source))
         else:
-            nb.cells.append(nbformat.v4.new_markdown_cell(cell.source, metadata=metadata))
+            nb.cells.append(nbformat.v4.new_markdown_cell(cell.source))
     number_cells(nb)
     return nb
 
@@ -167,16 +167,11 @@ def execute(nb: nbformat.NotebookNode, cwd: Path, timeout: int = 600) -> float:
     return time.perf_counter() - t0
 
 
-def build(src: Path, run: bool = True, metadata_only: bool = False) -> None:
+def build(src: Path, run: bool = True) -> None:
     src = src.resolve()
-    nb = parse_percent(src.read_text(), f"{src.name}: ")
+    nb = parse_percent(src.read_text())
     out = src.parent.parent / (src.stem + ".ipynb")
-    if metadata_only:
-        executed = nbformat.read(out, as_version=4)
-        changed = copy_metadata(nb, executed, str(out.relative_to(ROOT)))
-        print(f"{out.relative_to(ROOT)}: {changed} cells given their source's metadata (and markdown), outputs kept")
-        nb = executed
-    elif run:
+    if run:
         seconds = execute(nb, out.parent)
         print(f"{out.relative_to(ROOT)}: executed in {seconds:.1f} s")
     nbformat.write(nb, out)
@@ -186,8 +181,23 @@ def build(src: Path, run: bool = True, metadata_only: bool = False) -> None:
         print(f"{learner.relative_to(ROOT)}: learner version written")
 
 
+def update_metadata(src: Path) -> None:
+    """--metadata-only: the source's cell metadata (and markdown) onto the executed notebook."""
+    src = src.resolve()
+    out = src.parent.parent / (src.stem + ".ipynb")
+    executed = nbformat.read(out, as_version=4)
+    changed = copy_metadata(parse_percent(src.read_text(), f"{src.name}: "), executed,
+                            str(out.relative_to(ROOT)))
+    nbformat.write(executed, out)
+    print(f"{out.relative_to(ROOT)}: {changed} cells given their source's metadata (and markdown), outputs kept")
+    if src.parent.parent.name == "solutions":
+        learner = src.parent.parent.parent / (src.stem + ".ipynb")
+        nbformat.write(learner_version(executed), learner)
+
+
 def all_sources() -> list[Path]:
     return sorted((ROOT / "notebooks" / "src").glob("*.py")) + \
+        sorted((ROOT / "notebooks" / "lecture" / "src").glob("*.py")) + \
         sorted((ROOT / "exercises" / "solutions" / "src").glob("*.py"))
 
 
@@ -198,4 +208,7 @@ if __name__ == "__main__":
     args = [a for a in args if a not in ("--no-execute", "--metadata-only")]
     sources = all_sources() if args in ([], ["all"]) else [Path(a) for a in args]
     for path in sources:
-        build(path, run=run, metadata_only=metadata_only)
+        if metadata_only:
+            update_metadata(path)
+        else:
+            build(path, run=run)
