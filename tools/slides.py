@@ -81,6 +81,32 @@ def markdown_blocks(text: str) -> list[str]:
     return blocks
 
 
+def split_display_math(block: str) -> list[str]:
+    """A paragraph with a $$ formula in it -> [text before, formula, text after]:
+    the formula belongs on the slide even when the prose around it does not."""
+    if SHOWN_BLOCK.match(block.lstrip()) or "$$" not in block:
+        return [block]
+    pieces, lines, in_math = [], [], False
+
+    def flush():
+        if lines:
+            pieces.append("\n".join(lines))
+            lines.clear()
+
+    for line in block.splitlines():
+        opens = not in_math and line.lstrip().startswith("$$")
+        if opens:
+            flush()
+        lines.append(line)
+        if opens or in_math:
+            # An odd number of $$ on the line flips the state: it opens or closes a formula.
+            in_math = in_math != (line.count("$$") % 2 == 1)
+            if not in_math:
+                flush()
+    flush()
+    return pieces
+
+
 def digest_markdown(cell) -> list:
     """One markdown cell -> cells for the deck: what to show, and speaker notes.
 
@@ -90,7 +116,7 @@ def digest_markdown(cell) -> list:
     if kind in ("skip", "notes") or "slides-verbatim" in cell.metadata.get("tags", []):
         return [cell]
     parts: list[list] = []            # [slide_type, [blocks]] in order
-    for block in markdown_blocks(cell.source):
+    for block in (piece for block in markdown_blocks(cell.source) for piece in split_display_math(block)):
         text = block.lstrip()
         shown = SHOWN_BLOCK.match(text) or (BOLD_LEAD.match(text) and len(text) <= BOLD_LEAD_MAX_CHARS)
         if not shown:
