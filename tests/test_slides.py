@@ -81,3 +81,26 @@ def test_executed_chapter_carries_its_sources_slide_metadata(chapter):
         f"{chapter.name}: stale metadata; run tools/nb.py --metadata-only notebooks/src/{chapter.stem}.py"
     skipped = sum(c.metadata.get("slideshow", {}).get("slide_type") == "skip" for c in source.cells)
     assert skipped, f"{chapter.stem}: no cell is skipped in the lecture (set-up cells should be)"
+
+
+def _digest(source, slide_type="-", tags=()):
+    cell = nbformat.v4.new_markdown_cell(source, metadata={"slideshow": {"slide_type": slide_type},
+                                                           "tags": list(tags)})
+    return [(c.metadata["slideshow"]["slide_type"], c.source) for c in _tool("slides").digest_markdown(cell)]
+
+
+def test_prose_goes_to_the_notes_and_structure_stays_on_the_slide():
+    source = ("## 2. A section\n\nA paragraph of prose.\n\n- a point\n- another\n\nMore prose:\n"
+              "$$x = 1$$\nand after.\n\n### A detail\n\n| a | b |\n|---|---|\n| 1 | 2 |")
+    assert _digest(source) == [
+        ("slide", "## 2. A section"), ("notes", "A paragraph of prose."), ("-", "- a point\n- another"),
+        ("notes", "More prose:"), ("-", "$$x = 1$$"), ("notes", "and after."),
+        ("subslide", "### A detail\n\n| a | b |\n|---|---|\n| 1 | 2 |")]
+
+
+def test_the_cells_own_type_and_tags_win():
+    assert _digest("Only prose here.", slide_type="fragment") == [("notes", "Only prose here.")]
+    assert _digest("Prose first.\n\n- a point", slide_type="subslide") == \
+        [("subslide", "- a point"), ("notes", "Prose first.")]
+    assert _digest("Prose kept.", tags=["slides-verbatim"]) == [("-", "Prose kept.")]
+    assert _digest("## Hidden\n\nprose", slide_type="skip") == [("skip", "## Hidden\n\nprose")]
