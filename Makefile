@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export PYTHONHASHSEED ?= 0
 
-.PHONY: lab test test-fast notebooks figures bench gpu-check clean
+.PHONY: lab test test-fast notebooks slides figures bench gpu-check clean
 
 # Create the virtual environment and install everything (re-runs when the
 # requirements change).
@@ -36,6 +36,17 @@ test-fast: $(STAMP)
 notebooks: $(STAMP)
 	$(PY) tools/nb.py all
 
+# Lecture decks: slides/NN_topic.slides.html from the executed chapters (no
+# re-execution). reveal.js and MathJax come from npm (pinned in
+# tools/slides/package-lock.json) and are copied into slides/, which opens from disk.
+SLIDES_RUNTIME := tools/slides/node_modules/.installed
+$(SLIDES_RUNTIME): tools/slides/package.json tools/slides/package-lock.json
+	npm ci --prefix tools/slides --no-audit --no-fund --loglevel=error
+	touch $(SLIDES_RUNTIME)
+
+slides: $(STAMP) $(SLIDES_RUNTIME)
+	$(PY) tools/slides.py --out slides
+
 figures: $(STAMP)
 	$(PY) -m minillm figures --out figures
 
@@ -47,4 +58,4 @@ gpu-check: $(STAMP)
 	bash tools/gpu_check.sh gpu-results
 
 clean:
-	rm -rf $(VENV) bench-results gpu-results
+	rm -rf $(VENV) bench-results gpu-results slides tools/slides/node_modules

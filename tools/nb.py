@@ -1,9 +1,16 @@
 """Build the chapters and exercises from their reviewable sources.
 
 Sources are Python files in the "percent" format (`# %%` starts a code cell,
-`# %% [markdown]` a markdown cell whose lines start with `# `):
+`# %% [markdown]` a markdown cell whose lines start with `# `). A header may
+carry the cell's metadata as jupytext writes it, `key=JSON` pairs after the
+marker, e.g. the slide metadata that `make slides` (tools/slides.py) reads:
+
+    # %% [markdown] slideshow={"slide_type": "slide"}
+    # %% slideshow={"slide_type": "skip"}
+    # %% slideshow={"slide_type": "fragment"} tags=["slides-hide-output"]
 
     notebooks/src/NN_topic.py            -> notebooks/NN_topic.ipynb (executed)
+    notebooks/lecture/src/demos.py       -> notebooks/lecture/demos.ipynb (executed)
     exercises/solutions/src/NN_topic.py  -> exercises/solutions/NN_topic.ipynb (executed)
                                          -> exercises/NN_topic.ipynb (learner, stubs)
 
@@ -13,9 +20,13 @@ becomes `raise NotImplementedError` in the learner's notebook.
     python tools/nb.py all             # every source
     python tools/nb.py notebooks/src/04_chunked_prefill_is_exact.py ...
     python tools/nb.py --no-execute ...   # convert only
+    python tools/nb.py --metadata-only ...  # copy the sources' cell metadata onto the
+                                            # executed notebooks, without re-running them
 """
 from __future__ import annotations
 
+import copy
+import json
 import re
 import sys
 import time
@@ -25,10 +36,47 @@ import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+SLIDE_TYPES = ("slide", "subslide", "fragment", "skip", "notes", "-")
+# Keys that building a notebook writes into a cell's metadata (running it, or
+# deriving nbgrader's from the code); every other key comes from the source header.
+EXECUTION_KEYS = ("execution", "nbgrader")
 
 
-def parse_percent(text: str) -> nbformat.NotebookNode:
-    cells, kind, lines = [], None, []
+def parse_header(line: str, where: str = "") -> tuple[str, dict]:
+    """`# %% [markdown] slideshow={...} tags=[...]` -> ("markdown", {"slideshow": ..., "tags": ...})."""
+    rest = line[len("# %%"):].strip()
+    kind = "code"
+    if rest.startswith("[markdown]"):
+        kind, rest = "markdown", rest[len("[markdown]"):].strip()
+    metadata, decoder = {}, json.JSONDecoder()
+    while rest:
+        key = re.match(r"(\w+)=", rest)
+        if key is None:
+            raise ValueError(f"{where}cell header {line!r}: expected key=JSON pairs after the marker, "
+                             f"e.g. slideshow={{\"slide_type\": \"slide\"}}, got {rest!r}")
+        try:
+            value, end = decoder.raw_decode(rest, key.end())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where}cell header {line!r}: the value of {key.group(1)} is not JSON "
+                             f"({err.msg})") from None
+        metadata[key.group(1)] = value
+        rest = rest[end:].strip()
+    check_metadata(metadata, f"{where}cell header {line!r}: ")
+    return kind, metadata
+
+
+def check_metadata(metadata: dict, where: str) -> None:
+    slideshow = metadata.get("slideshow", {})
+    if not isinstance(slideshow, dict) or slideshow.get("slide_type", "-") not in SLIDE_TYPES:
+        raise ValueError(f"{where}slideshow={slideshow!r}: must be {{\"slide_type\": T}} "
+                         f"with T one of {', '.join(SLIDE_TYPES)}")
+    tags = metadata.get("tags", [])
+    if not isinstance(tags, list) or not all(isinstance(tag, str) for tag in tags):
+        raise ValueError(f"{where}tags={tags!r}: must be a list of strings, e.g. [\"slides-hide-output\"]")
+
+
+def parse_percent(text: str, where: str = "") -> nbformat.NotebookNode:
+    cells, kind, metadata, lines = [], None, {}, []
 
     def flush():
         if kind is None:
@@ -39,14 +87,14 @@ def parse_percent(text: str) -> nbformat.NotebookNode:
             lines.pop(0)
         if kind == "markdown":
             body = "\n".join(l[2:] if l.startswith("# ") else l.lstrip("#") for l in lines)
-            cells.append(nbformat.v4.new_markdown_cell(body))
+            cells.append(nbformat.v4.new_markdown_cell(body, metadata=metadata))
         elif lines:
-            cells.append(nbformat.v4.new_code_cell("\n".join(lines)))
+            cells.append(nbformat.v4.new_code_cell("\n".join(lines), metadata=metadata))
 
-    for line in text.splitlines():
+    for number, line in enumerate(text.splitlines(), start=1):
         if line.startswith("# %%"):
             flush()
-            kind, lines = ("markdown" if "[markdown]" in line else "code"), []
+            (kind, metadata), lines = parse_header(line, f"{where}line {number}: "), []
         elif kind is not None:
             lines.append(line)
     flush()
@@ -79,6 +127,33 @@ def learner_version(solution: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return nb
 
 
+def source_metadata(cell: nbformat.NotebookNode) -> dict:
+    """The part of a cell's metadata that its source header set (not what running it added)."""
+    return {key: copy.deepcopy(value) for key, value in cell.metadata.items() if key not in EXECUTION_KEYS}
+
+
+def copy_metadata(source: nbformat.NotebookNode, executed: nbformat.NotebookNode, name: str) -> int:
+    """Give each executed cell its source cell's metadata, keeping the outputs.
+
+    The code cells must match their sources (else the outputs would be stale);
+    a markdown cell has no outputs, so it takes its source's text as well.
+    Returns the number of cells that changed."""
+    got = [(cell.cell_type, cell.source if cell.cell_type == "code" else "") for cell in executed.cells]
+    want = [(cell.cell_type, cell.source if cell.cell_type == "code" else "") for cell in source.cells]
+    if got != want:
+        index = next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), min(len(got), len(want)))
+        raise ValueError(f"{name}: cell {index} differs from its source ({len(got)} executed cells, "
+                         f"{len(want)} in the source; code must match exactly): the outputs are stale, "
+                         f"rebuild it with tools/nb.py (without --metadata-only)")
+    changed = 0
+    for cell, new in zip(executed.cells, source.cells):
+        metadata = {**source_metadata(new),
+                    **{key: cell.metadata[key] for key in EXECUTION_KEYS if key in cell.metadata}}
+        changed += metadata != cell.metadata or cell.source != new.source
+        cell.metadata, cell.source = nbformat.from_dict(metadata), new.source
+    return changed
+
+
 def execute(nb: nbformat.NotebookNode, cwd: Path, timeout: int = 600) -> float:
     import os
 
@@ -106,15 +181,34 @@ def build(src: Path, run: bool = True) -> None:
         print(f"{learner.relative_to(ROOT)}: learner version written")
 
 
+def update_metadata(src: Path) -> None:
+    """--metadata-only: the source's cell metadata (and markdown) onto the executed notebook."""
+    src = src.resolve()
+    out = src.parent.parent / (src.stem + ".ipynb")
+    executed = nbformat.read(out, as_version=4)
+    changed = copy_metadata(parse_percent(src.read_text(), f"{src.name}: "), executed,
+                            str(out.relative_to(ROOT)))
+    nbformat.write(executed, out)
+    print(f"{out.relative_to(ROOT)}: {changed} cells given their source's metadata (and markdown), outputs kept")
+    if src.parent.parent.name == "solutions":
+        learner = src.parent.parent.parent / (src.stem + ".ipynb")
+        nbformat.write(learner_version(executed), learner)
+
+
 def all_sources() -> list[Path]:
     return sorted((ROOT / "notebooks" / "src").glob("*.py")) + \
+        sorted((ROOT / "notebooks" / "lecture" / "src").glob("*.py")) + \
         sorted((ROOT / "exercises" / "solutions" / "src").glob("*.py"))
 
 
 if __name__ == "__main__":
     args = sys.argv[1:]
     run = "--no-execute" not in args
-    args = [a for a in args if a != "--no-execute"]
+    metadata_only = "--metadata-only" in args
+    args = [a for a in args if a not in ("--no-execute", "--metadata-only")]
     sources = all_sources() if args in ([], ["all"]) else [Path(a) for a in args]
     for path in sources:
-        build(path, run=run)
+        if metadata_only:
+            update_metadata(path)
+        else:
+            build(path, run=run)

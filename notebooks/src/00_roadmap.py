@@ -12,7 +12,7 @@
 # next ones. This chapter sets up the vocabulary and measures the problem live, on
 # this machine, with the engine's built-in model.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 import statistics
 import time
 
@@ -54,7 +54,7 @@ print("device:", device)
 # The engine's built-in model (preset `"tiny"`) is a 4-layer Llama-style decoder with
 # random weights: it babbles, but its cost per token has the shape of a real model's.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 model = minillm.build_model("tiny", seed=0, device=device)
 cfg = model.cfg
 print(f"{cfg.name}: {cfg.num_parameters() / 1e6:.1f} M parameters, {cfg.num_layers} layers, "
@@ -92,7 +92,7 @@ def time_step(run, repeats: int, warm_up: bool = True) -> float:
 prefill_step = prepare_step(model, [(2048, 0)])
 decode_step = prepare_step(model, [(1, 2048)] * 8)
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 # NBVAL_IGNORE_OUTPUT
 # On a CPU one prefill takes seconds, and setting up the decode step already ran the
 # model on 16384 tokens: one timed run is enough. A GPU is fast and noisy: warm up, repeat.
@@ -103,7 +103,7 @@ print(f"prefill of 2048 tokens:             {prefill_s * 1e3:8.1f} ms")
 print(f"decode step of 8 streams (1 token): {decode_s * 1e3:8.1f} ms")
 print(f"the prefill step is {prefill_s / decode_s:.1f}x longer than a decode step")
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 assert prefill_s > decode_s, "a 2048-token prefill should take longer than a one-token decode step"
 
 # %% [markdown]
@@ -114,7 +114,7 @@ assert prefill_s > decode_s, "a 2048-token prefill should take longer than a one
 # decode step now waits one whole prefill step, once. Below, one stream generates 40
 # tokens, and the long prompt arrives after its 20th.
 
-# %%
+# %% tags=["slides-hide-input"]
 # NBVAL_IGNORE_OUTPUT
 num_tokens, stall_after = 40, 20
 gaps = [decode_s] * (num_tokens - 1)
@@ -136,7 +136,7 @@ ax.set_title(f"A 2048-token prefill stalls a decoding stream for {max_itl * 1e3:
 ax.legend(loc="upper left")
 plt.show()
 
-# %%
+# %% slideshow={"slide_type": "fragment"} tags=["slides-hide-input"]
 # NBVAL_IGNORE_OUTPUT
 display(Markdown(
     f"Every other gap is one decode step, **{decode_s * 1e3:.0f} ms**; the stalled gap is "
@@ -145,7 +145,7 @@ display(Markdown(
     f"inter-token latency is {max_itl / decode_s:.0f} times the usual one. That is why the book "
     "reports ITL percentiles and the maximum, not just the mean."))
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 assert max_itl > mean_tpot > decode_s
 
 # %% [markdown]
@@ -153,7 +153,7 @@ assert max_itl > mean_tpot > decode_s
 # engine's cost model (chapter 5 derives it from FLOPs and bytes) predicts the same two
 # steps for Llama-3-8B in bf16 on an A100-80GB:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 from minillm.sim.cost_model import predict_step   # the cost model of chapter 5
 
 llama3 = minillm.ModelConfig.preset("llama-3-8b")

@@ -14,7 +14,7 @@
 #   FlashAttention and split-KV decoding;
 # - run the engine's packed, paged attention with two backends and seen them agree.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 import math
 
 import matplotlib.pyplot as plt
@@ -49,7 +49,7 @@ def random_qkv(n, m, num_heads=4, num_kv_heads=4, head_dim=16, dtype=torch.float
 # *Causal* means $j \le i$: a token never sees the future. Here it is for one head,
 # straight from the formula:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 def attention_one_head(q, k, v):
     """q, k, v: [T, D] for one head of one sequence -> [T, D]."""
     T, D = q.shape
@@ -70,7 +70,7 @@ assert torch.allclose(mine, engine, atol=1e-13, rtol=0)
 # at once. It works in any dtype (float64 included), handles grouped-query attention
 # (next chapter) and can also return each row's log-sum-exp, which section 4 needs:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 show_source(reference_attention)
 
 # %% [markdown]
@@ -83,10 +83,10 @@ show_source(reference_attention)
 # $0 \dots s + i$. The mask is a rectangle whose diagonal ends in the **bottom-right**
 # corner:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 show_source(causal_mask)
 
-# %%
+# %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 fig, axes = plt.subplots(1, 3, figsize=(10, 2.8))
 panels = [(causal_mask(8, 8), "full prefill: 8 queries, 8 keys"),
           (causal_mask(3, 8), "chunk of 3 over 5 cached: bottom-right"),
@@ -115,7 +115,7 @@ plt.show()
 # full causal attention as ground truth, and compute the last 4 rows as
 # a chunk over the 8 cached keys:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 T, start = 12, 8
 q, k, v = random_qkv(T, T, seed=1)
 truth = reference_attention(q, k, v)[start:]             # rows of the full prefill
@@ -132,7 +132,7 @@ assert not torch.allclose(wrong, truth, atol=1e-3)       # the trap is real
 # bottom-right mask, either explicitly or with PyTorch's
 # `torch.nn.attention.bias.causal_lower_right`:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 from torch.nn.attention.bias import causal_lower_right
 
 fixed = from_heads(F.scaled_dot_product_attention(
@@ -148,10 +148,10 @@ assert torch.allclose(fixed, truth, atol=1e-12) and torch.allclose(explicit, tru
 # with one query head per KV head) and passes the bottom-right mask otherwise; a test
 # (`tests/test_attention.py`) records every call to make sure it stays that way:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 show_source(sdpa_attention)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # The experiment above already shows the property chunked prefill rests on: the chunk's
 # attention, computed from its own queries and the cached keys, is **exactly** the
 # corresponding rows of the full prefill's attention. Chapter 4 builds the whole proof
@@ -168,10 +168,10 @@ show_source(sdpa_attention)
 # This is the *online softmax* step that lets FlashAttention stream over blocks of keys
 # and lets split-KV decoding spread one long cache over many GPU cores.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 show_source(merge_attention)
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 cached = start                                            # keys [0, 8) are the cache
 out_cache, lse_cache = reference_attention(q[start:], k[:cached], v[:cached], causal=False, return_lse=True)
 out_chunk, lse_chunk = reference_attention(q[start:], k[cached:], v[cached:], causal=True, return_lse=True)
@@ -186,7 +186,7 @@ assert torch.allclose(merged, truth, atol=1e-12, rtol=0)
 # may creep up slowly; the question is whether it ever leaves the rounding level of
 # its dtype (unit roundoff: about 1e-16 in float64, 6e-8 in float32).
 
-# %%
+# %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 q_long, k_long, v_long = random_qkv(4, 512, seed=2)
 whole = reference_attention(q_long, k_long, v_long, causal=False)
 
@@ -228,7 +228,7 @@ assert max(errors[torch.float64]) < 1e-13 and max(errors[torch.float32]) < 1e-5
 # and V into their slots, then attends for every request to its own prefix plus its
 # new tokens:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 show_source(paged_attention)
 
 # %% [markdown]
@@ -236,7 +236,7 @@ show_source(paged_attention)
 # (8 query heads sharing 2 KV heads), and compare each backend with
 # `reference_attention` on each request's contiguous keys:
 
-# %%
+# %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 query_lens, cached_lens = [6, 3, 1, 1], [0, 5, 9, 14]
 block_size, num_heads, num_kv_heads, head_dim = 4, 8, 2, 16
 blocks = BlockManager(num_blocks=16, block_size=block_size)
@@ -273,7 +273,7 @@ for backend in ["reference", "sdpa"]:
 # multiple of 256 tokens. Our step breaks all three rules (CPU, float64, 4-token blocks),
 # so the engine refuses it with a clear error rather than computing garbage:
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 try:
     paged_attention(torch.cat(q_new), torch.cat(k_new), torch.cat(v_new),
                     k_cache.clone(), v_cache.clone(), batch, backend="flash")

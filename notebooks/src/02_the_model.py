@@ -13,7 +13,7 @@
 # - loaded a Hugging Face checkpoint into the engine and matched `transformers`' logits
 #   and greedy continuation on the same weights.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 import json
 import tempfile
 from pathlib import Path
@@ -37,16 +37,16 @@ print("device for the built-in model:", device, "| float64 experiments: cpu")
 # The engine's model runs one *step*: the new tokens of every request in the step,
 # packed into one tensor of `T` rows. The module's own summary:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 show_source(minillm.model, end="share one forward pass")
 
 # %% [markdown]
 # And the forward pass, straight from the engine:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 show_source(LlamaModel.forward)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # Things to notice:
 #
 # - Every layer except attention works **row by row**: embedding, norms, projections,
@@ -59,10 +59,10 @@ show_source(LlamaModel.forward)
 #
 # Each decoder layer is two residual blocks, each behind an RMSNorm:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 show_source(DecoderLayer.forward)
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 show_source(RMSNorm)
 
 # %% [markdown]
@@ -70,7 +70,7 @@ show_source(RMSNorm)
 # and scales by a learned weight. It computes in float32 even for bf16 models, as
 # Hugging Face does. A three-line version agrees:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 x = torch.randn(5, 64, dtype=torch.float64)
 norm = RMSNorm(64, eps=1e-6).to(torch.float64)
 with torch.no_grad():
@@ -85,10 +85,10 @@ print("RMS of each normalised row (weight = 1):",
 # and keys by their position (RoPE), and hands them to the paged attention of chapter 1,
 # which also writes the new K and V into the cache:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 show_source(Attention.forward)
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 show_source(MLP)
 
 # %% [markdown]
@@ -102,7 +102,7 @@ show_source(MLP)
 # $$\mathrm{RoPE}(q, m) \cdot \mathrm{RoPE}(k, n) \text{ depends on } m - n \text{ only.}$$
 # The engine pairs dimension $i$ with $i + D/2$ ("rotate half"), Hugging Face's layout:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 show_source(apply_rope)
 
 # %% [markdown]
@@ -110,7 +110,7 @@ show_source(apply_rope)
 # $d$ from each other, and slide the pair along the sequence. If RoPE works as claimed,
 # each curve is flat.
 
-# %%
+# %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 cfg = ModelConfig.preset("tiny")
 g = torch.Generator().manual_seed(0)
 q_vec = torch.randn(1, 1, cfg.head_dim, generator=g, dtype=torch.float64)
@@ -142,7 +142,7 @@ assert max(spreads.values()) < 1e-10
 # The key of the token at position 100 computed as "position 0 of a new chunk" is a
 # different vector, and every later score with it would be wrong:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 k_right, k_wrong = rotated(k_vec, 100), rotated(k_vec, 0)
 print("max |K(pos 100) - K(pos 0)| =", (k_right - k_wrong).abs().max().item())
 assert not torch.allclose(k_right, k_wrong)
@@ -156,7 +156,7 @@ assert not torch.allclose(k_right, k_wrong)
 # per query head is unchanged (it just reads its group's K and V), but the KV cache, the
 # thing decoding reads every step, shrinks by the group size:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 for name in ("tiny", "llama-3-8b", "qwen3-0.6b"):
     c = ModelConfig.preset(name)
     gqa = c.kv_bytes_per_token(2)
@@ -171,7 +171,7 @@ assert ModelConfig.preset("llama-3-8b").kv_bytes_per_token(2) == 128 * 1024
 # of its group, and compare the logits in float64. Query head $h$ reads KV head
 # $h \,//\, (H / H_{kv})$, so the copies are `repeat_interleave`d, not tiled.
 
-# %%
+# %% slideshow={"slide_type": "fragment"} tags=["slides-hide-input"]
 small = ModelConfig(name="small", vocab_size=64, hidden_size=64, intermediate_size=96, num_layers=2,
                     num_heads=8, num_kv_heads=2, max_position=128)
 gqa_model = minillm.build_model(small, seed=1, dtype=torch.float64, device="cpu")
@@ -196,7 +196,7 @@ assert diff < 1e-12
 # real path (paged cache, packed step) and returns the cache and the logits of every
 # position:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 model = minillm.build_model("tiny", seed=0, device=device)
 prompt = tokenizer.encode("Chunked prefill keeps every stream moving.")
 kv, logits = prefill_kv(model, prompt)
@@ -213,7 +213,7 @@ assert kv.shape == (cfg.num_layers, 2, len(prompt), cfg.num_kv_heads, cfg.head_d
 # ...), so loading a checkpoint is reading `config.json` into a `ModelConfig` and copying
 # tensors from the `*.safetensors` files:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 show_source(minillm.load_hf_model)
 
 # %% [markdown]
@@ -223,7 +223,7 @@ show_source(minillm.load_hf_model)
 # compare. Then the same for a Qwen3-style model, which adds an RMSNorm on each head's
 # query and key and ties the LM head to the embedding.
 
-# %%
+# %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 import transformers
 
 transformers.logging.set_verbosity_error()
@@ -250,7 +250,7 @@ print(sorted(p.name for p in (checkpoint_dir / "llama").iterdir()))
 hf_config = json.loads((checkpoint_dir / "qwen3" / "config.json").read_text())
 print(ModelConfig.from_hf_config(hf_config))
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 prompt_ids = torch.randint(0, 128, (32,), generator=torch.Generator().manual_seed(1)).tolist()
 for family, hf_model in hf_models.items():
     ours = minillm.load_hf_model(checkpoint_dir / family, device=device)
@@ -267,7 +267,7 @@ for family, hf_model in hf_models.items():
 # sequence through `prefill_kv` (the engine of chapter 6 does it incrementally); theirs
 # is `generate(do_sample=False)`:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 for family, hf_model in hf_models.items():
     ours = minillm.load_hf_model(checkpoint_dir / family, device=device)
     sequence = list(prompt_ids[:8])
@@ -286,7 +286,7 @@ for family, hf_model in hf_models.items():
 # files, and checks that every malformed checkpoint is refused with a `ValueError` that
 # names the problem.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 import shutil
 
 shutil.rmtree(checkpoint_dir)

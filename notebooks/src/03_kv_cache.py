@@ -15,7 +15,7 @@
 # - simulated a mixed workload twice: with contiguous reservations and with paging, and
 #   measured how much memory each wastes.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 import random
 import time
 from collections import deque
@@ -47,7 +47,7 @@ print("device:", device, "| model:", model.cfg.name, f"({model.cfg.num_parameter
 #
 # We generate 32 tokens after a 48-token prompt both ways and time every step.
 
-# %%
+# %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 # NBVAL_IGNORE_OUTPUT
 prompt = torch.randint(0, 256, (48,), generator=torch.Generator().manual_seed(0)).tolist()
 num_new = 32
@@ -84,14 +84,14 @@ tokens_processed_cached = len(prompt) + num_new
 print(f"recompute: {sum(recompute_s) * 1e3:.0f} ms, {tokens_processed_recompute} tokens through the model")
 print(f"cached:    {sum(cached_s) * 1e3:.0f} ms, {tokens_processed_cached} tokens through the model")
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 gap = max((a - b).abs().max().item() for a, b in zip(recompute_logits, cached_logits))
 print(f"same next-token logits both ways: max difference {gap:.1e}")
 assert gap < 1e-3
 assert tokens_processed_recompute == sum(range(len(prompt), len(prompt) + num_new))
 assert tokens_processed_cached == len(prompt) + num_new
 
-# %%
+# %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 fig, ax = plt.subplots(figsize=(7, 3.5))
 positions = range(len(prompt), len(prompt) + num_new)
 ax.plot(positions, [s * 1e3 for s in recompute_s], label="recompute the sequence every step")
@@ -117,10 +117,10 @@ plt.show()
 # Grouped-query attention (GQA) shrinks it: Llama-3-8B has 32 query heads but only 8 KV
 # heads. The engine computes it from the config:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 show_source(minillm.ModelConfig.kv_bytes_per_token)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 cfg = PRESETS["llama-3-8b"]
 per_token = kv_cache.kv_bytes_per_token(cfg, dtype_bytes=2)                  # bf16: 2 bytes
 print(f"llama-3-8b: 2 x {cfg.num_layers} layers x {cfg.num_kv_heads} KV heads x {cfg.head_dim} "
@@ -134,7 +134,7 @@ print(f"weights in bf16: {weights_bytes / 1e9:.1f} GB; on an 80 GB GPU that leav
       f"full-length sequences")
 assert per_token == 128 * 1024
 
-# %%
+# %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 names = ["llama-2-7b", "llama-3-8b", "mistral-7b", "qwen3-0.6b", "tiny"]
 kib = [kv_cache.kv_bytes_per_token(PRESETS[n], 2) / 1024 for n in names]
 fig, ax = plt.subplots(figsize=(7, 3.2))
@@ -162,7 +162,7 @@ plt.show()
 #
 # Here are three requests that grew in turns, so their blocks interleave in the pool:
 
-# %%
+# %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 block_size, lengths = 4, {"A": 10, "B": 5, "C": 7}
 demo = BlockManager(num_blocks=12, block_size=block_size)
 for grown in range(1, max(lengths.values()) + 1):           # every request grows one token at a time
@@ -222,10 +222,10 @@ assert paged_blocks == sum(blocks_for(n, block_size) for n in lengths.values())
 # grows a table to hold a given number of tokens, or raises `OutOfBlocksError` without
 # changing anything, so that the scheduler can preempt a request and try again:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 show_source(BlockManager.allocate)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 try:
     demo.allocate("D", 30)           # 8 blocks, with 5 free
 except OutOfBlocksError as err:
@@ -237,10 +237,10 @@ assert "D" not in demo.block_tables and demo.num_free_blocks == 5
 # The **slot mapping** turns positions into flat cache slots: it tells the forward pass
 # where to write each new token's K and V.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 show_source(BlockManager.slot_mapping)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 print("A's block table:", demo.block_tables["A"])
 print("slots of A's tokens 0..9:", demo.slot_mapping("A", 0, 10))
 assert demo.slot_mapping("A", 0, 10) == [demo.block_tables["A"][p // 4] * 4 + p % 4 for p in range(10)]
@@ -257,10 +257,10 @@ print("after freeing every request:", demo.num_free_blocks, "free blocks, 0 leak
 # then gather each request's KV through its block table and compare with a prefill of that
 # prompt alone.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 show_source(PagedKVCache.gather)
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 prompts = {"x": list(range(40, 90)), "y": list(range(100, 137))}
 pool = BlockManager(num_blocks=8, block_size=16)
 runner = ModelRunner(model, pool)
@@ -299,7 +299,7 @@ for rid, p in prompts.items():
 #
 # First, the contiguous allocator, sketched in a few lines:
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 class ContiguousAllocator:
     """First fit over a flat arena of token slots; a request gets one [start, start + size)."""
 
@@ -327,7 +327,7 @@ class ContiguousAllocator:
                 merged.append((start, size))
         self.holes = [h for h in merged if h[1] > 0]
 
-# %%
+# %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 MAX_LEN, MAX_TOKENS, CAPACITY, BLOCK = 2048, 512, 32768, 16
 rng = random.Random(0)
 workload = [(rng.randint(16, 1024), rng.randint(16, MAX_TOKENS)) for _ in range(300)]
@@ -382,7 +382,7 @@ for kind, (trace, preemptions) in results.items():
     print(f"{kind:32s} memory holding tokens {used:5.1%}   mean running requests {batch:5.1f}   "
           f"steps to finish {len(trace):5d}   preemptions {preemptions}")
 
-# %%
+# %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 fig, ax = plt.subplots(figsize=(8, 3.8))
 for kind, (trace, _) in results.items():
     ax.plot([100 * t / CAPACITY for t, _ in trace], label=f"{kind} (mean {summary[kind]:.0%})")
@@ -394,7 +394,7 @@ ax.set_title(f"Paging keeps {summary['paged']:.0%} of the KV memory busy; "
 ax.legend(fontsize=8)
 plt.show()
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 assert summary["paged"] > summary["contiguous, prompt + max_tokens"] > summary["contiguous, max length"]
 assert summary["paged"] > 2 * summary["contiguous, max length"]
 assert len(results["paged"][0]) < len(results["contiguous, max length"][0])   # finishes sooner

@@ -18,7 +18,7 @@
 # - measured `max |KV_chunked - KV_full|` in float64, float32 and bfloat16;
 # - broken chunked prefill in three instructive ways and watched the same check catch each.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 import math
 from contextlib import contextmanager
 from unittest import mock
@@ -82,7 +82,7 @@ print("device for the built-in model:", device)
 # Here is the engine's `prefill_kv`: one prompt through the real paged cache and forward
 # pass, whole or in chunks.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 show_source(prefill_kv)
 
 # %% [markdown]
@@ -91,7 +91,7 @@ show_source(prefill_kv)
 # its tokens, their **absolute** positions, the cache slots they go to (the slot mapping of
 # chapter 3) and an `AttentionBatch` that says how many keys precede the chunk.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 def my_chunked_prefill(model, token_ids, chunk_size, block_size=16, cache_fill=0.0):
     """KV [layers, 2, T, Hkv, D] of a prompt run chunk by chunk."""
     T = len(token_ids)
@@ -129,7 +129,7 @@ assert (kv_mine - kv_full).abs().max() < 1e-12
 # $2^{-52} \approx 2 \times 10^{-16}$). It would agree even if the unused slots held
 # garbage from an earlier request: a correct loop never reads a slot it has not written.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 kv_dirty = my_chunked_prefill(model64, prompt, chunk_size=64, cache_fill=123.0)
 assert (kv_dirty - kv_full).abs().max() < 1e-12
 print("stale cache contents change nothing:", (kv_dirty - kv_full).abs().max().item())
@@ -155,14 +155,14 @@ for name, dtype in dtypes.items():
     print(f"{name:9s} |KV| <= {kv_scale[name]:.2f}  max diff:",
           ", ".join(f"{c}: {d:.1e}" for c, d in zip(chunk_sizes, max_diff[name])))
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 assert max(max_diff["float64"]) <= 1e-12
 assert max(max_diff["float32"]) <= 1e-5 * kv_scale["float32"]
 assert max(max_diff["bfloat16"]) <= 3e-2 * kv_scale["bfloat16"]
 for name in dtypes:      # a chunk that holds the whole prompt is the full prefill, bit for bit
     assert max_diff[name][chunk_sizes.index(L)] == max_diff[name][chunk_sizes.index(2 * L)] == 0.0
 
-# %%
+# %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 FLOOR = 1e-18   # where an exact 0 is drawn on the log axis
 fig, ax = plt.subplots(figsize=(7, 4))
 eps = {"float64": 2.0**-52, "float32": 2.0**-23, "bfloat16": 2.0**-7}
@@ -194,7 +194,7 @@ plt.show()
 # Floating-point addition is not associative: the rounded sum depends on the order of the
 # terms.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 print("(0.1 + 0.2) + 0.3 =", (0.1 + 0.2) + 0.3)
 print("0.1 + (0.2 + 0.3) =", 0.1 + (0.2 + 0.3))
 assert (0.1 + 0.2) + 0.3 != 0.1 + (0.2 + 0.3)
@@ -207,7 +207,7 @@ assert (0.1 + 0.2) + 0.3 != 0.1 + (0.2 + 0.3)
 # token is in a chunk of 7 instead of a prompt of 256. (Whether it happens for a given shape
 # depends on the library and the hardware; the bound is what is guaranteed.)
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 g = torch.Generator().manual_seed(0)
 x, W = torch.randn(64, 512, generator=g), torch.randn(512, 128, generator=g)
 alone, in_batch = x[:1] @ W, (x @ W)[:1]
@@ -234,7 +234,7 @@ print(f"and both are this close to the float64 answer: {(alone - exact).abs().ma
 # tokens; scaling the weight matrices by 4 makes its choices varied and so the comparison
 # meaningful.
 
-# %%
+# %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 def greedy(model, prompt_ids, chunk_size, max_tokens=32, block_size=16):
     """Prefill in chunks with the engine's ModelRunner, then decode greedily."""
     blocks = BlockManager(blocks_for(len(prompt_ids) + max_tokens, block_size), block_size)
@@ -285,7 +285,7 @@ assert len(set(continuations["float32"][None])) > 8      # a varied continuation
 # from the engine's pieces; the engine itself is untouched. The check is always the same
 # function: run the variant with chunks of 64 and compare its KV with the full prefill.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 def kv_error(prefill_fn, chunk_size=64):
     """max |KV chunked - KV full| of a chunked prefill implementation (float64)."""
     return (prefill_fn(model64, prompt, chunk_size) - kv_full).abs().max().item()
@@ -303,11 +303,11 @@ print(errors)
 # the query and key lengths differ, so query $r$ sees only keys $0 \dots r$: most of its
 # prefix vanishes. Both masks for a chunk of 4 over 10 keys:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 print("bottom-right (correct):\n", attention.causal_mask(4, 10).int())
 print("top-left (the bug):\n", attention.causal_mask(4, 10, align="top_left").int())
 
-# %%
+# %% slideshow={"slide_type": "fragment"} tags=["slides-hide-input"]
 engine_reference_attention = attention.reference_attention
 
 
@@ -338,7 +338,7 @@ print(f"top-left mask: max KV error {errors['top-left mask']:.2e}")
 # cache those hold zeros; in a reused one, another request's keys. We fill the cache with
 # stale values, as a busy server's would be.
 
-# %%
+# %% slideshow={"slide_type": "fragment"} tags=["slides-hide-input"]
 class PromptLengthBatch(AttentionBatch):
     """An AttentionBatch whose key length runs to the end of the whole prompt."""
     prompt_len: int = 0
@@ -375,7 +375,7 @@ print(f"keys to the end of the prompt: max KV error {errors['keys past the chunk
 # it were the start of the prompt. This one corrupts even layer 0's keys, since K is stored
 # after RoPE.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def prefill_positions_restart(model, token_ids, chunk_size, block_size=16):
     T = len(token_ids)
     blocks = BlockManager(blocks_for(T, block_size), block_size)
@@ -400,7 +400,7 @@ print(f"positions restart at 0: max KV error {errors['positions restart']:.2e}")
 # top-left and bottom-right masks coincide, the chunk ends where the prompt ends, and
 # positions start at 0 anyway. The check must chunk.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 bugs = {"top-left mask": prefill_top_left_mask, "keys past the chunk": prefill_keys_to_end_of_prompt,
         "positions restart": prefill_positions_restart}
 for name, fn in bugs.items():
@@ -408,7 +408,7 @@ for name, fn in bugs.items():
     assert kv_error(fn, chunk_size=L) < 1e-12, name  # ... invisible without chunking
 print("each bug: caught at chunk_size=64, invisible at chunk_size=L")
 
-# %%
+# %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 fig, ax = plt.subplots(figsize=(8.5, 3.5))
 names = list(errors)
 ax.bar(names, [max(errors[n], FLOOR) for n in names], color=["C2", "C3", "C3", "C3"])
@@ -424,7 +424,7 @@ plt.show()
 # Does a bug matter for the text? Rerun the float32 greedy continuation with the top-left
 # mask bug and chunks of 64.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 with top_left_attention():
     buggy = greedy(sharp_model(torch.float32, backend="reference"), text_prompt, chunk_size=64)
 correct = continuations["float32"][None]

@@ -12,7 +12,7 @@
 # hold. The payoff: a prefill chunk is compute-bound, a decode is memory-bound, and a
 # step that mixes them uses both halves of the machine.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 import math
 
 import matplotlib.pyplot as plt
@@ -41,7 +41,7 @@ a100 = hardware.get_hardware("A100-80GB")
 # `n` new tokens over `c` cached ones has `n*c + n(n+1)/2` such pairs. Here is a
 # ten-line sketch for one layer:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 def layer_flops_sketch(cfg, n, c):
     d, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
     gemms = 2 * n * d * (q + 2 * kv) + 2 * n * q * d + 2 * n * d * 2 * inter + 2 * n * inter * d
@@ -59,7 +59,7 @@ print(f"one layer of a 512-token chunk over 1024 cached tokens: {engine_per_laye
 # read once per step, each request's cached K and V read once, the new K and V written,
 # and each operation's input and output activations. Its core:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 show_source(step_cost, start="# Per layer.", end="by_op[\"lm_head\"]")
 
 # %% [markdown]
@@ -68,7 +68,7 @@ show_source(step_cost, start="# Per layer.", end="by_op[\"lm_head\"]")
 # **KV written per 512-token chunk of Llama-3-8B in bf16.** The article multiplies
 # 512 x 2 (K and V) x 32 layers x 8 KV heads x 128 dims x 2 bytes.
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 kv_write_bytes = step_cost(llama3, [(512, 0, False)], dtype_bytes=2).bytes_kv_write
 assert kv_write_bytes == 67_108_864
 for label, bandwidth_bytes_s in [("the article's 2 TB/s", 2e12),
@@ -86,7 +86,7 @@ for label, bandwidth_bytes_s in [("the article's 2 TB/s", 2e12),
 #
 # **A 2048-token prefill of a 7B model on an A100: "about 200 ms".**
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 flops_2048 = prefill_flops(llama2, 2048)
 at_peak_s = flops_2048 / a100.peak_flops_s
 at_mfu_s = {mfu: flops_2048 / (a100.peak_flops_s * mfu) for mfu in (0.5, 0.7)}
@@ -114,7 +114,7 @@ assert at_mfu_s[0.7] < predicted_s < at_mfu_s[0.5]
 # **A 7B decode step: "about 5 ms".** A decode must read every weight once. That is a
 # floor no kernel can beat:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 weights_bytes = llama2.num_parameters() * 2
 for name in ("A100-40GB", "A100-80GB", "H100-SXM", "H200"):
     hw = hardware.get_hardware(name)
@@ -145,7 +145,7 @@ assert round(weights_bytes / hardware.get_hardware("A100-40GB").mem_bandwidth_by
 # bytes do: every chunk re-reads the prefix cached so far, and every step re-reads all
 # weights unless decodes share that step.
 
-# %%
+# %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 prompt_tokens = 8192
 chunk_sizes = [256, 512, 1024, 2048, 4096, 8192]
 costs = {c: prefill_cost(llama3, prompt_tokens, c, dtype_bytes=2) for c in chunk_sizes}
@@ -178,7 +178,7 @@ assert kv_read_s < 0.05 * compute_s
 # is compute-bound; below it, memory-bound. Compare a prefill chunk, a decode batch,
 # and the two mixed in one step:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 steps = {
     "decode x32 (ctx 1024)": [(1, 1024)] * 32,
     "prefill chunk 512": [(512, 1024, False)],
@@ -197,13 +197,13 @@ assert all(intensity["prefill chunk 512"] > h.ridge_point for h in hardware.PROF
 # Now this machine. `calibrate()` measures a matmul and a memory copy (cached on disk, so
 # only the first run pays about a second):
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 this_cpu = hardware.calibrate()
 print(f"{this_cpu.name}: {this_cpu.peak_flops_s / 1e9:.0f} GFLOP/s, "
       f"{this_cpu.mem_bandwidth_bytes_s / 1e9:.1f} GB/s, ridge {this_cpu.ridge_point:.1f} FLOP/byte")
 
-# %%
+# %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 def plot_roofline(profiles, points):
     fig, ax = plt.subplots(figsize=(7, 4.2))
     x = np.logspace(-0.5, 4, 200)
@@ -238,7 +238,7 @@ plt.show()
 # gives the time of a step as the chunk grows. Per prefill token, the cost falls while
 # the step is memory-bound and flattens once compute dominates:
 
-# %%
+# %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 chunks = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 decodes = [(1, 1024)] * 32
 fig, ax = plt.subplots(figsize=(6.5, 3.6))
@@ -268,7 +268,7 @@ assert extra_4096 / 4096 > 0.8 * extra_512 / 512     # per-token cost barely dro
 # operator times measured by the Vidur project on an A100-80GB and an H100 SXM. For each
 # file we compare the prediction of qkv_proj, o_proj, gate_up, down and the whole MLP:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 for path in cost_model.profile_paths():
     errors = cost_model.linear_op_errors(path)
     abs_errors = np.abs([e for rows in errors.values() for *_, e in rows])
@@ -276,7 +276,7 @@ for path in cost_model.profile_paths():
           f"p90 {np.percentile(abs_errors, 90):5.1%}")
     assert np.median(abs_errors) <= 0.08 and np.percentile(abs_errors, 90) <= 0.20
 
-# %%
+# %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 errors = cost_model.linear_op_errors(cost_model.PROFILE_DIR / "a100_Meta-Llama-3-8B.csv")
 fig, ax = plt.subplots(figsize=(6.5, 3.6))
 for op in ("qkv_proj", "mlp_gate_up_proj"):
@@ -301,7 +301,7 @@ plt.show()
 # measure it with the profiler's memory events (or the CUDA allocator's peak on a GPU)
 # on the tiny model, a 1024-token prompt whole and as its last 256-token chunk:
 
-# %%
+# %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 # NBVAL_IGNORE_OUTPUT
 from minillm.model_runner import prepare_step
 
@@ -343,7 +343,7 @@ assert measured_peak_bytes["chunk 256 over 768"] < measured_peak_bytes["full 102
 # `torch.utils.flop_counter.FlopCounterMode` counts the FLOPs of every matmul the
 # forward pass really runs. We run one step of each kind on the tiny model:
 
-# %%
+# %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 from torch.utils.flop_counter import FlopCounterMode
 
 checks = {"prefill": [(128, 0)], "chunk over cache": [(64, 192, False)],

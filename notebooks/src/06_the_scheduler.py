@@ -15,7 +15,7 @@
 # map the knobs onto vLLM, SGLang, TensorRT-LLM and Sarathi-Serve. Along the way three
 # claims of the source articles get checked against measurements.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 import math
 import time
 
@@ -47,7 +47,7 @@ print(f"model: {model.cfg.name}, {model.cfg.num_layers} layers, hidden {model.cf
 # that finishes leaves at once and a waiting one takes its seat. Ten lines show the
 # difference, counting steps only (every request decodes one token per step, batch of 2):
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 def finish_steps(output_lens, batch_size, per_iteration):
     """Step at which each request finishes, batching per request or per iteration."""
     waiting, running, done, step = list(enumerate(output_lens)), [], {}, 0
@@ -78,7 +78,7 @@ assert sum(iteration_level) < sum(request_level) and max(iteration_level) <= max
 # code (`EngineCore` is shared by the real engine and the simulator; only `executor`
 # and `clock` differ):
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 show_source(EngineCore.step)
 
 # %% [markdown]
@@ -95,10 +95,10 @@ show_source(EngineCore.step)
 # drives the real engine here and the simulator in chapter 7. `schedule()` dispatches on
 # the policy:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 show_source(Scheduler.schedule)
 
-# %% [markdown]
+# %% [markdown] slideshow={"slide_type": "subslide"}
 # * **`prefill_first`**: when prompts wait, the step runs them whole (as many as the token
 #   budget allows, at least one) and the running decodes wait. Best TTFT for the newcomer;
 #   every stream stalls for the whole prefill.
@@ -110,7 +110,7 @@ show_source(Scheduler.schedule)
 #   does not fit is split and continues next step. A step is therefore
 #   `C_prefill + N_decode` tokens with `C_prefill <= chunk_size`: the articles' `T = C + N`.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 show_source(Scheduler._schedule_chunked)
 
 # %% [markdown]
@@ -123,7 +123,7 @@ show_source(Scheduler._schedule_chunked)
 # 512-token chunks. We call `schedule()` and advance the request's counter by hand, as
 # the engine would after the forward pass:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 def chunk_ranges(prompt_len, chunk_size):
     scheduler = Scheduler(SchedulerConfig(policy="chunked", chunk_size=chunk_size),
                           BlockManager(num_blocks=prompt_len // 16 + 1, block_size=16))
@@ -155,7 +155,7 @@ assert ranges == [(0, 511), (512, 1023), (1024, 1535), (1536, 2047)]
 # `chunked` with four chunk sizes. All runs are greedy, so they must also produce the
 # same tokens (section 7).
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 workload = workloads.long_prompt_interference(prompt_len=1024, num_decoders=4, decoder_output_len=40,
                                               long_output_len=8)
 print(workload.description, workload.params)
@@ -174,7 +174,7 @@ def serve(policy, chunk_size=None, num_blocks=128):
 _ = minillm.LLMEngine(model, SchedulerConfig(max_num_seqs=2), num_blocks=16).generate(
     [[1] * 100, [2] * 8], SamplingParams(max_tokens=4, ignore_eos=True))
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
 runs = {}
 for policy, chunk_size in CONFIGS:
@@ -188,7 +188,7 @@ for policy, chunk_size in CONFIGS:
 # request got how many tokens. The steps right after the long prompt arrives, under
 # `prefill_first` and under `chunked` with C = 128 (request 4 is the long prompt):
 
-# %%
+# %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 def long_request(outputs):
     return next(o for o in outputs if o.tag == "long")
 
@@ -219,7 +219,7 @@ for c in CHUNK_SIZES:
 # every one of those steps also carries the four decodes. Drawn against time, with each
 # bar as wide as its step lasted (`minillm.figures.plot_step_timeline`):
 
-# %%
+# %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 # NBVAL_IGNORE_OUTPUT
 fig, axes = plt.subplots(1, 2, figsize=(12, 3.4), layout="constrained", sharey=True)
 for ax, name in zip(axes, ("prefill_first", "chunked C=128")):
@@ -240,7 +240,7 @@ plt.show()
 # *mean* gap per request; **ITL** = every gap between consecutive tokens. For the long
 # prompt TTFT is what matters; for the streams, the gaps.
 
-# %%
+# %% tags=["slides-hide-input"]
 # NBVAL_IGNORE_OUTPUT
 results = {}
 for name, (engine, outputs) in runs.items():
@@ -254,7 +254,7 @@ for name, r in results.items():
     print(f"{name:16s} {r['ttft_long'] * 1e3:8.0f}ms {r['tpot'] * 1e3:10.1f}ms "
           f"{r['itl_median'] * 1e3:9.1f}ms {r['itl_p99'] * 1e3:6.0f}ms {r['itl_max'] * 1e3:6.0f}ms")
 
-# %%
+# %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 # NBVAL_IGNORE_OUTPUT
 names = list(results)
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 3.6), layout="constrained")
@@ -292,7 +292,7 @@ plt.show()
 # 8B model. We assert the timing claims where they are physics, and the structural
 # ones (section 3) everywhere.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 if device.type == "cpu":
     for c in (64, 128, 256):
         assert results[f"chunked C={c}"]["itl_max"] < results["prefill_first"]["itl_max"], c
@@ -309,7 +309,7 @@ if device.type == "cpu":
 # moves it. Our streams make 40 tokens; under `prefill_first` one gap of each holds the
 # whole 1024-token prefill:
 
-# %%
+# %% tags=["slides-hide-input"]
 # NBVAL_IGNORE_OUTPUT
 fig, axes = plt.subplots(1, 2, figsize=(12, 3.4), layout="constrained", sharey=True)
 for ax, name in zip(axes, ("prefill_first", "chunked C=128")):
@@ -319,7 +319,7 @@ for ax, name in zip(axes, ("prefill_first", "chunked C=128")):
 fig.suptitle("The stall is one spike per stream: it dominates max ITL, not mean TPOT")
 plt.show()
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 pf = results["prefill_first"]
 spike_ratio = pf["itl_max"] / pf["tpot"]
 print(f"prefill_first: max ITL / mean TPOT = {spike_ratio:.1f}; "
@@ -346,7 +346,7 @@ if device.type == "cpu":
 # chunking spreads them over more forward passes, and each of those passes also computes
 # the streams' decodes. Count the work between the prompt's arrival and its first token:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 def work_before_first_token(name):
     engine, outputs = runs[name]
     m = long_request(outputs).metrics
@@ -369,7 +369,7 @@ assert work_before_first_token("prefill_first") == (1, 1024)
 # prompt's TTFT alone, four streams decoding, each policy three times, interleaved, and
 # keep each one's best run (the one least disturbed by other processes).
 
-# %%
+# %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 # NBVAL_IGNORE_OUTPUT
 stream_prompts = [[(11 * i + k) % 256 for k in range(16)] for i in range(4)]
 long_prompt = workload.prompt_ids(4, model.cfg.vocab_size)
@@ -396,7 +396,7 @@ for name, seconds in best_ttft.items():
     print(f"{name:16s} best long-prompt TTFT {seconds * 1e3:6.0f} ms "
           f"= {seconds / best_ttft['prefill_first']:.2f} x prefill_first's")
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 # C=64 needs 16 passes: its delay is clear. C=256 needs 4: its delay can drown in the noise.
 assert best_ttft["chunked C=64"] > 0.8 * best_ttft["prefill_first"]
 
@@ -425,7 +425,7 @@ assert best_ttft["chunked C=64"] > 0.8 * best_ttft["prefill_first"]
 # builds the same KV cache as a whole prefill (chapter 4). With greedy sampling every
 # run must produce the same tokens for every request:
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 reference = {o.request_id: o.output_token_ids for o in runs["prefill_first"][1]}
 for name, (engine, outputs) in runs.items():
     assert {o.request_id: o.output_token_ids for o in outputs} == reference, name
@@ -440,7 +440,7 @@ print(f"{len(runs)} runs, {len(reference)} requests each: identical greedy outpu
 # later it recomputes its prompt *and* the tokens it already produced, then carries on
 # (vLLM V1 does the same, by recomputation). The code:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 show_source(Scheduler._preempt)
 
 # %% [markdown]
@@ -448,7 +448,7 @@ show_source(Scheduler._preempt)
 # 10. Each one fits alone (the engine refuses a request that could never fit), but not
 # all four at once:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 prompts = [[(7 * i + 3 * k) % 256 for k in range(40)] for i in range(4)]
 params = SamplingParams(max_tokens=24, ignore_eos=True)
 sched = SchedulerConfig(policy="chunked", chunk_size=64, max_num_seqs=4)

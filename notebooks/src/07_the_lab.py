@@ -15,7 +15,7 @@
 # defaults in that light. Last, you will measure how far the predictions go: against real
 # GPU kernel timings, and against the real engine on the machine in front of you.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 import statistics
 import time
 
@@ -48,14 +48,14 @@ print("device for the real engine:", minillm.default_device())
 # how long such a step takes on the chosen GPU, and moves a virtual clock by that much.
 # Here it is, from `minillm/simulator.py`:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 show_source(CostModelExecutor, "def execute", "return tokens, seconds")
 
 # %% [markdown]
 # `simulate()` builds the same `EngineCore` as `LLMEngine`, with this executor and a
 # `VirtualClock`, and serves a workload with the same `run_workload` loop:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 show_source(simulate, "core = EngineCore", "return SimResult")
 
 # %% [markdown]
@@ -64,7 +64,7 @@ show_source(simulate, "core = EngineCore", "return SimResult")
 # clock) and with the simulator (no model at all), and compare what each step scheduled.
 # The times differ, of course; the schedule must not.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 small = workloads.long_prompt_interference(prompt_len=200, num_decoders=3, decoder_prompt_len=16,
                                            warmup_tokens=4, long_output_len=4)
 tiny = minillm.build_model("tiny", seed=0, dtype=torch.float32, device=minillm.default_device())
@@ -88,7 +88,7 @@ for sched in (SchedulerConfig(policy="chunked", chunk_size=48), SchedulerConfig(
 stall = figures.plot_stall(figures.LabSettings(model="llama-3-8b", hardware="A100-80GB"), chunk_size=512)
 stall
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 scenario = workloads.long_prompt_interference(prompt_len=2048, num_decoders=4)
 whole = simulate(scenario, SchedulerConfig(policy="prefill_first")).summary()
 chunked = simulate(scenario, SchedulerConfig(policy="chunked", chunk_size=512)).summary()
@@ -123,7 +123,7 @@ assert abs(chunked["decoder_tpot_mean_s"] - whole["decoder_tpot_mean_s"]) < 0.1 
 # `figures.lab_verdict(settings)`); the widget only wires controls to them, so the figure
 # below the widget is exactly what `figures.lab_figure` draws.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 # NBVAL_IGNORE_OUTPUT
 widgets.lab()
 
@@ -141,7 +141,7 @@ figures.lab_figure(chunk_size=256)
 # a PNG as the notebook does. Rendering is matplotlib's work, mostly laying out text; on
 # a slow or busy machine it dominates.
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 # NBVAL_IGNORE_OUTPUT
 import io
 
@@ -200,7 +200,7 @@ assert best == max((r["chunk_size"] for r in meeting if r["chunk_size"] != figur
 # prompt 16 tokens forward. The prompt's prefill rate (prompt tokens per second of TTFT)
 # and the step's arithmetic intensity show it:
 
-# %%
+# %% tags=["slides-hide-input"]
 cfg = minillm.ModelConfig.preset("llama-3-8b")
 chunks = [r for r in rows if r["chunk_size"] != figures.OFF]
 prefill_rate = [2048 / r["long_ttft_s"] for r in chunks]
@@ -233,7 +233,7 @@ fig
 # targets: the benchmark convention (TTFT <= 1 s and mean TPOT <= 50 ms) and a stricter
 # one that a stall breaks (TTFT <= 1 s and every gap <= 100 ms).
 
-# %%
+# %% tags=["slides-hide-input"]
 def goodput(result, ttft_s=1.0, tpot_s=0.050, worst_gap_s=None):
     outs = [o for o in result.outputs if o.finished]
     duration = result.summary()["duration_s"]
@@ -300,7 +300,7 @@ for hw_name in ("A100-40GB", "A100-80GB"):
 #
 # The third number: chunking at C=512 "adds about 15 ms" to the long prompt's TTFT.
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 extra_ms = {}
 for decoders in (0, 4, 16):
     work = workloads.long_prompt_interference(prompt_len=2048, num_decoders=decoders)
@@ -324,7 +324,7 @@ assert 10 < extra_ms[0] < 25 and extra_ms[4] > extra_ms[0]
 #
 # The KV-write claim (64 MB and ~32 us to write one 512-token chunk of an 8B model's KV):
 
-# %%
+# %% slideshow={"slide_type": "fragment"}
 kv_bytes = 512 * cfg.kv_bytes_per_token(2)
 kv_us = kv_bytes / get_hardware("A100-80GB").mem_bandwidth_bytes_s * 1e6
 print(f"512 tokens of llama-3-8b KV: {kv_bytes / 2**20:.0f} MiB, {kv_us:.0f} us at the A100-80GB's bandwidth")
@@ -377,7 +377,7 @@ assert order[0] <= order[1]                         # a faster GPU affords bigge
 # operator of a layer, timed for 1 to 32768 tokens on an A100 and an H100). Here are
 # measured and predicted times for two operators of Llama-3-8B on an A100:
 
-# %%
+# %% tags=["slides-hide-input"]
 paths = {p.name: p for p in profile_paths()}
 profile = load_gpu_op_profile(paths["a100_Meta-Llama-3-8B.csv"])
 figures.plot_op_fidelity(profile, ops=("qkv_proj", "mlp_down_proj"))
@@ -394,7 +394,7 @@ figures.plot_op_fidelity(profile, ops=("qkv_proj", "mlp_down_proj"))
 #
 # The roofline of the same GPU, with real steps placed on it at their arithmetic intensity:
 
-# %%
+# %% slideshow={"slide_type": "subslide"}
 figures.plot_roofline("llama-3-8b", "A100-80GB")
 
 # %% [markdown]
@@ -408,7 +408,7 @@ figures.plot_roofline("llama-3-8b", "A100-80GB")
 # -m minillm bench simulator` runs the full one. Timings depend on the machine and on what
 # else runs on it, so the numbers below change from run to run.
 
-# %%
+# %% tags=["slides-hide-input"]
 # NBVAL_IGNORE_OUTPUT
 fid = run_cpu_fidelity(
     tiny, repeats=3,
@@ -433,7 +433,7 @@ figures.plot_step_fidelity(fid["rows"])
 # Last, the lab's "measure" mode on this device, with a shorter prompt so it runs in
 # seconds: the same stall, for real.
 
-# %%
+# %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 # NBVAL_IGNORE_OUTPUT
 measured = {}
 for chunk in (figures.OFF, 64):
@@ -443,7 +443,7 @@ for chunk in (figures.OFF, 64):
           f"median gap {run.summary['decoder_itl_p50_s'] * 1e3:.0f} ms, long TTFT {run.summary['long_ttft_s'] * 1e3:.0f} ms")
 figures.lab_figure(mode="measure", prompt_len=512, num_decoders=2, chunk_size=64)
 
-# %%
+# %% slideshow={"slide_type": "skip"}
 if minillm.default_device().type == "cpu":
     # on a GPU the tiny model's steps are all launch-bound (about a millisecond), so the
     # stall of a 512-token prompt hides in the noise; on a CPU it is several steps long
