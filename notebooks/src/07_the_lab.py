@@ -27,7 +27,7 @@ from minillm.book import figures
 from minillm.book import widgets
 from minillm.sim import workloads
 from minillm.sim.accounting import step_cost
-from minillm.sim.cost_model import load_gpu_op_profile, profile_paths
+from minillm.sim.op_profiles import load_gpu_op_profile, profile_paths
 from minillm.book.fidelity import run_cpu_fidelity
 from minillm.sim.hardware import get_hardware
 from minillm.scheduler import SchedulerConfig
