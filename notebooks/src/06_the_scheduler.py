@@ -455,9 +455,9 @@ assert work_before_first_token("prefill_first") == (1, 1024)
 
 # %% [markdown]
 # More passes and more tokens: chunking can only make the long prompt's first token
-# later. How much later depends on each pass's fixed cost (on this CPU, chapter 0 measured
-# it: tens of milliseconds, the work of some hundred tokens) and on how much less
-# efficient a small pass is; small chunks pay the most passes. On a shared machine the difference can drown in the noise of one run (the
+# later. How much later depends on each pass's fixed cost (chapter 0 measures it on this
+# CPU: about the work of a few hundred tokens) and on how much less efficient a small
+# pass is; small chunks pay the most passes. On a shared machine the difference can drown in the noise of one run (the
 # single-run TTFTs of section 4 can come out either way). So we measure it properly: the long
 # prompt's TTFT alone, four streams decoding, each policy three times, interleaved, and
 # keep each one's best run (the one least disturbed by other processes).
