@@ -115,18 +115,19 @@ assert prefill_s > decode_s, "a 2048-token prefill should take longer than a one
 # The prefill has 256 times the decode step's tokens but takes far less than 256 times
 # as long. On this CPU every step pays a **fixed cost** (Python, kernel dispatch, the
 # small operations of 4 layers) whatever its size. Timing prefill steps of a few sizes
-# and fitting a line separates the two parts:
+# separates the two parts: the slope between the two largest gives the cost per token,
+# and the smallest step, less its few tokens' share, the fixed cost:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 sizes = [8, 64, 256, 1024]
 size_s = [time_step(prepare_step(model, [(n, 0)]), repeats=3) for n in sizes] + [prefill_s]
 sizes.append(2048)
-per_token_s, fixed_s = [float(v) for v in torch.tensor(
-    [[n, 1.0] for n in sizes]).pinverse() @ torch.tensor(size_s)]       # least squares
+per_token_s = (size_s[-1] - size_s[-2]) / (sizes[-1] - sizes[-2])
+fixed_s = size_s[0] - sizes[0] * per_token_s
 for n, seconds in zip(sizes, size_s):
     print(f"prefill step of {n:4d} tokens: {seconds * 1e3:7.1f} ms "
-          f"(fit: {(fixed_s + per_token_s * n) * 1e3:7.1f} ms)")
+          f"(fixed + per token: {(fixed_s + per_token_s * n) * 1e3:7.1f} ms)")
 print(f"fixed cost per step ~{fixed_s * 1e3:.0f} ms, then {per_token_s * 1e6:.0f} us per token: "
       f"a step's fixed part equals {fixed_s / per_token_s:.0f} tokens of work")
 
