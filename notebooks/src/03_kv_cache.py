@@ -111,9 +111,10 @@ def median_step_s(run, repeats=3):
 
 recompute_by_len_s = [median_step_s(prepare_step(model, [(n, 0)])) for n in lengths]
 cached_by_len_s = [median_step_s(prepare_step(model, [(1, n)])) for n in lengths]
-# A straight line through the recompute steps: fixed cost + cost per token.
+# Cost per token: the slope of the recompute steps. Fixed cost: what a one-token step
+# over a short cache costs, almost nothing but the step itself.
 per_token_s = (recompute_by_len_s[-1] - recompute_by_len_s[0]) / (lengths[-1] - lengths[0])
-fixed_s = recompute_by_len_s[0] - per_token_s * lengths[0]
+fixed_s = cached_by_len_s[0]
 for n, r, c in zip(lengths, recompute_by_len_s, cached_by_len_s):
     print(f"{n:5d} tokens: recompute step {r * 1e3:6.1f} ms, cached step {c * 1e3:5.1f} ms")
 print(f"recompute step ~ {fixed_s * 1e3:.1f} ms fixed + {per_token_s * 1e6:.0f} us per token "
@@ -123,7 +124,7 @@ print(f"recompute step ~ {fixed_s * 1e3:.1f} ms fixed + {per_token_s * 1e6:.0f} 
 fig, ax = plt.subplots(figsize=(7, 3.5))
 ax.plot(lengths, [s * 1e3 for s in recompute_by_len_s], "o-", label="recompute: prefill the whole sequence")
 ax.plot(lengths, [s * 1e3 for s in cached_by_len_s], "s-", label="KV cache: one new token")
-ax.axhline(fixed_s * 1e3, color="grey", ls=":", lw=1, label="fixed per-step cost (fitted)")
+ax.axhline(fixed_s * 1e3, color="grey", ls=":", lw=1, label="fixed per-step cost (a one-token step)")
 ax.set_xlabel("sequence length when the token is generated (tokens)")
 ax.set_ylabel("time of one step (ms)")
 ratio = recompute_by_len_s[-1] / cached_by_len_s[-1]
