@@ -145,7 +145,7 @@ def test_roofline_places_decodes_left_and_big_chunks_right_of_the_ridge():
 
 
 def test_op_and_step_fidelity_plots():
-    from minillm.sim.cost_model import profile_paths
+    from minillm.sim.op_profiles import profile_paths
     fig = figures.plot_op_fidelity(profile_paths()[0], ops=("qkv_proj", "o_proj"))
     assert len(fig.axes[0].lines) == 2 and len(fig.axes[0].collections) == 2
     rows = [(16, 2, 64, 0.020, 0.022), (0, 4, 64, 0.010, 0.009)]

@@ -417,7 +417,7 @@ def plot_roofline(model="llama-3-8b", hardware="A100-80GB", dtype_bytes: int = 2
 def plot_op_fidelity(profile, ops=("qkv_proj", "mlp_down_proj"), hardware=None, ax=None, title=None):
     """Measured GPU operator times (points) vs the cost model (lines) against num_tokens,
     for one file of shared/data/gpu-op-profiles (a path or a GpuOpProfile)."""
-    from ..sim.cost_model import linear_op_errors, load_gpu_op_profile
+    from ..sim.op_profiles import linear_op_errors, load_gpu_op_profile
     if not hasattr(profile, "times_s"):
         profile = load_gpu_op_profile(profile)
     errors = linear_op_errors(profile, hardware, ops)

@@ -18,54 +18,25 @@ the GEMMs of a serving step, because real kernels:
 * pay a fixed launch cost per kernel and never run faster than a floor
   (`kernel_launch_s`, `kernel_floor_s`).
 
-How the A100 and H100 factors were fitted, once per GPU, over ALL the
-operator files of that GPU in shared/data/gpu-op-profiles (Vidur's
-measurements of qkv_proj, o_proj, gate_up and down for num_tokens = 1..4096
-or 32768): a coarse seeded random search (3000 draws over the factor ranges)
-gave a starting point, then `fit_hardware_factors(paths, gpu, trials=300,
-seed=0)` refined it, minimising the worst file's max(median |error|,
-p90 |error| / 2.5). The datasheet
-peak and bandwidth stay fixed; only the factors above are fitted. The same
-factors then serve every model shape on that GPU (the test checks each file).
+The A100 and H100 factors were fitted to operator times measured on those
+GPUs; `minillm.sim.op_profiles` loads those measurements, fits the factors and
+reports the errors, in-sample and held out (leave one file out).
 Attention efficiency (0.5, FlashAttention-2's forward reaches 50-70% of peak
 on an A100 by its paper) and the per-step overhead (2 ms of host work:
-scheduling, sampling, Python) are NOT validated by those files, which hold no
-attention kernels and no whole steps; chapter 7 compares whole steps on this
-machine instead.
+scheduling, sampling, Python) are assumed, NOT fitted: the measured files
+hold no attention kernels and no whole steps; chapter 7 compares whole steps
+on this machine instead. The H200 reuses the H100's factors (same chip).
 """
 from __future__ import annotations
 
-import csv
 import math
-import random
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from .accounting import OPS, _check_cfg, _check_dtype_bytes, normalize_step, step_cost
 from ..config import ModelConfig
 from .hardware import Hardware, get_hardware
 
-__all__ = [
-    "StepTime", "predict_step", "gemm_time_s", "elementwise_time_s", "layer_linear_times_s",
-    "GpuOpProfile", "load_gpu_op_profile", "linear_op_errors", "profile_paths",
-    "fit_hardware_factors", "PROFILE_DIR", "PROFILE_HARDWARE", "LINEAR_OPS",
-]
-
-# Where the measured operator times live, and the profile of each file prefix.
-def _find_profile_dir() -> Path:
-    """$MINILLM_PROFILE_DIR, else the first of repo/data, repo/shared/data, ../shared/data."""
-    import os
-    repo = Path(__file__).resolve().parents[2]
-    candidates = [Path(os.environ["MINILLM_PROFILE_DIR"])] if os.environ.get("MINILLM_PROFILE_DIR") else []
-    candidates += [repo / "data" / "gpu-op-profiles", repo / "shared" / "data" / "gpu-op-profiles",
-                   repo.parent / "shared" / "data" / "gpu-op-profiles"]
-    return next((c for c in candidates if c.is_dir()), candidates[-1])
-
-
-PROFILE_DIR = _find_profile_dir()
-PROFILE_HARDWARE = {"a100": "A100-80GB", "h100": "H100-SXM"}
-# The per-layer operators we predict and compare (column names of the files).
-LINEAR_OPS = ("qkv_proj", "o_proj", "mlp_gate_up_proj", "mlp_down_proj", "mlp")
+__all__ = ["StepTime", "predict_step", "gemm_time_s", "elementwise_time_s", "layer_linear_times_s"]
 
 
 @dataclass(frozen=True)
@@ -175,115 +146,15 @@ def predict_step(cfg, requests, hardware="H100-SXM", dtype_bytes: int = 2) -> St
     return StepTime(sum(by_op.values()) + overhead_s, by_op, overhead_s)
 
 
-# ---- fidelity against measured GPU operator times -----------------------------
-
-@dataclass(frozen=True)
-class GpuOpProfile:
-    """One file of shared/data/gpu-op-profiles: a model shape on one GPU."""
-    path: Path
-    gpu: str                      # "a100" or "h100"
-    hardware: str                 # the matching profile name, e.g. "A100-80GB"
-    cfg: ModelConfig              # the shape, one layer
-    num_tokens: list              # per row
-    times_s: dict                 # column (without _ms) -> list of seconds per row
+# The measured profiles and the fit moved to op_profiles (loading data is not
+# predicting). Old imports such as `from minillm.sim.cost_model import
+# profile_paths` still resolve, lazily, so importing this module reads no files.
+_MOVED_TO_OP_PROFILES = ("GpuOpProfile", "load_gpu_op_profile", "linear_op_errors", "profile_paths",
+                         "fit_hardware_factors", "PROFILE_HARDWARE", "LINEAR_OPS")
 
 
-def profile_paths(directory: str | Path | None = None) -> list[Path]:
-    directory = Path(directory) if directory is not None else PROFILE_DIR
-    paths = sorted(directory.glob("*.csv"))
-    if not paths:
-        raise ValueError(f"directory={str(directory)!r}: holds no gpu-op-profile CSV files")
-    return paths
-
-
-def load_gpu_op_profile(path: str | Path) -> GpuOpProfile:
-    """Read one CSV: the model shape, num_tokens and each operator's times in seconds."""
-    path = Path(path)
-    gpu = path.name.split("_")[0]
-    if gpu not in PROFILE_HARDWARE:
-        raise ValueError(f"path={str(path)!r}: file name must start with one of "
-                         f"{sorted(PROFILE_HARDWARE)} followed by '_'")
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    first = rows[0]
-    cfg = ModelConfig(name=path.stem.split("_", 1)[1], vocab_size=int(first["vocab_size"]),
-                      hidden_size=int(first["n_embd"]), intermediate_size=int(first["n_expanded_embd"]),
-                      num_layers=1, num_heads=int(first["n_head"]), num_kv_heads=int(first["n_kv_head"]))
-    times_s = {col[:-3]: [float(r[col]) * 1e-3 for r in rows] for col in first if col.endswith("_ms")}
-    times_s["mlp"] = [g + a + dn for g, a, dn in zip(times_s["mlp_gate_up_proj"],
-                                                   times_s["mlp_act"], times_s["mlp_down_proj"])]
-    return GpuOpProfile(path, gpu, PROFILE_HARDWARE[gpu], cfg,
-                        [int(r["num_tokens"]) for r in rows], times_s)
-
-
-def linear_op_errors(profile, hardware=None, ops=LINEAR_OPS, dtype_bytes: int = 2) -> dict:
-    """Predicted vs measured per operator: op -> list of (num_tokens, measured_s, predicted_s, rel_error).
-
-    profile: a GpuOpProfile or a path to one; hardware: defaults to the
-    profile's GPU. rel_error = (predicted - measured) / measured.
-    """
-    if not isinstance(profile, GpuOpProfile):
-        profile = load_gpu_op_profile(profile)
-    hw = get_hardware(hardware if hardware is not None else profile.hardware)
-    predicted = [layer_linear_times_s(profile.cfg, m, hw, dtype_bytes) for m in profile.num_tokens]
-    out = {}
-    for op in ops:
-        if op not in profile.times_s:
-            raise ValueError(f"ops contains {op!r}: not a column of {profile.path.name}; "
-                             f"choose from {sorted(profile.times_s)}")
-        out[op] = [(m, t, p[op], (p[op] - t) / t)
-                   for m, t, p in zip(profile.num_tokens, profile.times_s[op], predicted)]
-    return out
-
-
-def _error_summary(errors: dict) -> tuple[float, float]:
-    """Median and 90th percentile of |relative error| over all ops and rows."""
-    abs_errors = sorted(abs(e) for rows in errors.values() for *_, e in rows)
-    def pct(q):
-        i = q * (len(abs_errors) - 1)
-        lo, hi = math.floor(i), math.ceil(i)
-        return abs_errors[lo] + (abs_errors[hi] - abs_errors[lo]) * (i - lo)
-    return pct(0.5), pct(0.9)
-
-
-def fit_hardware_factors(paths, hardware, trials: int = 300, seed: int = 0) -> Hardware:
-    """Refine the kernel factors of `hardware` on measured files of ONE GPU. Slow: run offline.
-
-    A seeded stochastic hill-climb: each trial perturbs the current best
-    gemm_efficiency, bandwidth_efficiency, overlap_exponent, launch and floor
-    times by up to +-10% (tiles: a neighbouring power of two) and keeps the
-    candidate if the loss drops. Loss: the worst file's max(median |error|,
-    p90 |error| / 2.5) over qkv_proj, o_proj, gate_up and down. The datasheet
-    peak and bandwidth never change. Returns the best Hardware found.
-    """
-    base = get_hardware(hardware)
-    profiles = [p if isinstance(p, GpuOpProfile) else load_gpu_op_profile(p) for p in paths]
-    ops = ("qkv_proj", "o_proj", "mlp_gate_up_proj", "mlp_down_proj")
-    rng = random.Random(seed)
-
-    def loss(hw):
-        worst = 0.0
-        for prof in profiles:
-            median, p90 = _error_summary(linear_op_errors(prof, hw, ops))
-            worst = max(worst, median, p90 / 2.5)
-        return worst
-
-    def nudge(value, low, high):
-        return min(high, max(low, value * rng.uniform(0.9, 1.1)))
-
-    best, best_loss = base, loss(base)
-    for _ in range(trials):
-        candidate = best.replace(
-            gemm_efficiency=round(nudge(best.gemm_efficiency, 0.3, 1.0), 3),
-            bandwidth_efficiency=round(nudge(best.bandwidth_efficiency, 0.3, 1.0), 3),
-            gemm_tile_m=rng.choice([best.gemm_tile_m, max(16, best.gemm_tile_m // 2),
-                                    min(256, best.gemm_tile_m * 2)]),
-            gemm_tile_n=rng.choice([best.gemm_tile_n, max(16, best.gemm_tile_n // 2),
-                                    min(256, best.gemm_tile_n * 2)]),
-            overlap_exponent=round(nudge(best.overlap_exponent, 1.0, 20.0), 2),
-            kernel_launch_s=round(nudge(best.kernel_launch_s or 1e-6, 0, 2e-5), 8),
-            kernel_floor_s=round(nudge(best.kernel_floor_s or 1e-6, 0, 3e-5), 8))
-        candidate_loss = loss(candidate)
-        if candidate_loss < best_loss:
-            best, best_loss = candidate, candidate_loss
-    return best
+def __getattr__(name):
+    if name in _MOVED_TO_OP_PROFILES or name == "PROFILE_DIR":
+        from . import op_profiles
+        return op_profiles.profile_dir() if name == "PROFILE_DIR" else getattr(op_profiles, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,7 +9,7 @@ A `Hardware` holds two kinds of numbers:
   large GEMM sustains, the fraction of bandwidth a weight-streaming GEMV
   sustains, the GEMM tile the M and N dimensions are padded to, a kernel-launch
   cost and a per-step overhead. For the A100 and H100 these were fitted once per
-  GPU to measured operator times (see cost_model.py for how); `calibrate()`
+  GPU to measured operator times (see op_profiles.py for how); `calibrate()`
   measures them on the machine at hand.
 
 Datasheets (dense, no sparsity; bf16 = the Tensor Core BF16 figure):
@@ -83,8 +83,8 @@ class Hardware:
 
 
 _GB = 1e9
-# Kernel factors fitted to the Vidur operator profiles (cost_model.fit_hardware_factors,
-# run once per GPU over all its files; see cost_model.py). The A100-40GB shares the
+# Kernel factors fitted to the Vidur operator profiles (op_profiles.fit_hardware_factors,
+# run once per GPU over all its files; see op_profiles.py). The A100-40GB shares the
 # A100-80GB's chip, the H200 the H100's: their factors are carried over, not fitted.
 _A100_FIT = dict(gemm_efficiency=0.727, attention_efficiency=0.5, bandwidth_efficiency=0.926,
                  gemm_tile_m=64, gemm_tile_n=64, overlap_exponent=1.85,

@@ -48,11 +48,15 @@ print("device:", device)
 #   (queueing plus prefill).
 # - **TPOT**, time per output token: for one request,
 #   `(end-to-end time - TTFT) / (output tokens - 1)`, the *mean* gap between its later
-#   tokens. Its companion **ITL** (inter-token latency) keeps every gap separately; a
-#   stall is one long gap, which barely moves the mean and dominates the worst case.
+#   tokens. Its companion **ITL** (inter-token latency) keeps every gap separately. A
+#   stall is one long gap: a stall of S seconds in a stream of n output tokens adds
+#   S/(n-1) to that stream's TPOT (diluted in a long stream, not in a short one), and it
+#   is always the stream's worst ITL.
 #
 # The engine's built-in model (preset `"tiny"`) is a 4-layer Llama-style decoder with
-# random weights: it babbles, but its cost per token has the shape of a real model's.
+# random weights: it babbles, and it is small enough to run on a laptop CPU. Its step
+# costs are not a big model's on a GPU (section 2 measures how they differ), but the
+# stall they cause is the same phenomenon.
 
 # %% slideshow={"slide_type": "fragment"}
 model = minillm.build_model("tiny", seed=0, device=device)
@@ -71,8 +75,9 @@ print(f"{cfg.name}: {cfg.num_parameters() / 1e6:.1f} M parameters, {cfg.num_laye
 # - a prefill of one 2048-token prompt: shape `[(2048, 0)]` (2048 new tokens, none cached);
 # - a decode step of 8 streams, each with 2048 tokens already cached: `[(1, 2048)] * 8`.
 #
-# (Setting up the decode step prefills the 8 contexts first, 16384 tokens, so the next
-# cell takes a while on a CPU.)
+# (`prepare_step` fills the cached prefixes with seeded random keys and values: a step's
+# cost depends on its shape, not on the values, so there is no need to run the model
+# over the 8 x 2048 cached tokens first.)
 
 # %%
 def time_step(run, repeats: int, warm_up: bool = True) -> float:
@@ -94,8 +99,8 @@ decode_step = prepare_step(model, [(1, 2048)] * 8)
 
 # %% slideshow={"slide_type": "subslide"}
 # NBVAL_IGNORE_OUTPUT
-# On a CPU one prefill takes seconds, and setting up the decode step already ran the
-# model on 16384 tokens: one timed run is enough. A GPU is fast and noisy: warm up, repeat.
+# On a CPU one 2048-token prefill takes about a second: one timed run is enough. A GPU is
+# fast and noisy: warm up, repeat.
 on_cpu = device.type == "cpu"
 prefill_s = time_step(prefill_step, repeats=1 if on_cpu else 10, warm_up=not on_cpu)
 decode_s = time_step(decode_step, repeats=5)
@@ -105,6 +110,38 @@ print(f"the prefill step is {prefill_s / decode_s:.1f}x longer than a decode ste
 
 # %% slideshow={"slide_type": "skip"}
 assert prefill_s > decode_s, "a 2048-token prefill should take longer than a one-token decode step"
+
+# %% [markdown]
+# The prefill has 256 times the decode step's tokens but takes far less than 256 times
+# as long. On this CPU every step pays a **fixed cost** (Python, kernel dispatch, the
+# small operations of 4 layers) whatever its size. Timing prefill steps of a few sizes
+# separates the two parts: the slope between the two largest gives the cost per token,
+# and the smallest step, less its few tokens' share, the fixed cost:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+sizes = [8, 64, 256, 1024]
+size_s = [time_step(prepare_step(model, [(n, 0)]), repeats=3) for n in sizes] + [prefill_s]
+sizes.append(2048)
+per_token_s = (size_s[-1] - size_s[-2]) / (sizes[-1] - sizes[-2])
+fixed_s = size_s[0] - sizes[0] * per_token_s
+for n, seconds in zip(sizes, size_s):
+    print(f"prefill step of {n:4d} tokens: {seconds * 1e3:7.1f} ms "
+          f"(fixed + per token: {(fixed_s + per_token_s * n) * 1e3:7.1f} ms)")
+print(f"fixed cost per step ~{fixed_s * 1e3:.0f} ms, then {per_token_s * 1e6:.0f} us per token: "
+      f"a step's fixed part equals {fixed_s / per_token_s:.0f} tokens of work")
+
+# %%
+assert fixed_s > 0 and per_token_s > 0
+assert size_s[0] < 0.5 * size_s[-1]          # 8 tokens cost far less than 2048 ...
+assert size_s[0] > 8 * per_token_s * 2       # ... but far more than 8 tokens' share
+
+# %% [markdown]
+# So on this machine a step costs a fixed part plus a part proportional to its tokens,
+# and small steps are mostly fixed cost. A big model on a GPU has the same two parts with
+# other weights: a decode step is dominated by reading every weight once, a long
+# prefill by its FLOPs (chapter 5 derives both). Either way, a step that carries a whole
+# prompt is many times longer than a decode step, and that is all the stall needs.
 
 # %% [markdown]
 # ## 3. What a decoding stream sees
@@ -140,13 +177,30 @@ plt.show()
 # NBVAL_IGNORE_OUTPUT
 display(Markdown(
     f"Every other gap is one decode step, **{decode_s * 1e3:.0f} ms**; the stalled gap is "
-    f"**{max_itl * 1e3:.0f} ms**. Averaged over the stream's {num_tokens} tokens, the mean TPOT "
-    f"only grows from {decode_s * 1e3:.0f} to **{mean_tpot * 1e3:.0f} ms**, while the largest "
-    f"inter-token latency is {max_itl / decode_s:.0f} times the usual one. That is why the book "
-    "reports ITL percentiles and the maximum, not just the mean."))
+    f"**{max_itl * 1e3:.0f} ms**, {max_itl / decode_s:.0f} times the usual one. The stall "
+    f"S = {prefill_s * 1e3:.0f} ms, spread over the stream's {num_tokens - 1} gaps, adds "
+    f"S/(n-1) = {prefill_s / (num_tokens - 1) * 1e3:.0f} ms to its mean: TPOT grows from "
+    f"{decode_s * 1e3:.0f} to **{mean_tpot * 1e3:.0f} ms**."))
 
 # %% slideshow={"slide_type": "skip"}
 assert max_itl > mean_tpot > decode_s
+assert abs(mean_tpot - (decode_s + prefill_s / (num_tokens - 1))) < 1e-9     # the S/(n-1) rule
+
+# %% [markdown]
+# Whether that is "a lot" depends on the stream's length. The same stall in a stream of
+# 10, 40 or 400 tokens:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+for n in (10, 40, 400):
+    tpot = decode_s + prefill_s / (n - 1)
+    print(f"{n:4d} output tokens: mean TPOT {tpot * 1e3:6.1f} ms (x{tpot / decode_s:4.1f} the usual gap), "
+          f"max ITL {max_itl * 1e3:6.0f} ms")
+
+# %% [markdown]
+# A long stream dilutes the stall into its mean; a short one does not. The worst gap is
+# the same in all three. That is why the book reports ITL percentiles and the maximum next
+# to the mean TPOT: the tail shows a stall whatever the stream's length.
 
 # %% [markdown]
 # The tiny model on a CPU is a stand-in. What about a real model on a real GPU? The
@@ -194,10 +248,16 @@ assert gpu_prefill_s > 5 * gpu_decode_s
 # - A request is prefilled once (many tokens, compute-bound) and then decoded one token
 #   per step (memory-bound).
 # - TTFT measures the wait for the first token; TPOT is the mean gap after it; ITL keeps
-#   every gap, and a stall shows up in its tail.
+#   every gap. A stall S adds S/(n-1) to the TPOT of a stream of n tokens and always
+#   shows up in the ITL tail.
+# - On this CPU a step has a fixed cost plus a cost per token (measured above); small
+#   steps are mostly fixed cost.
 # - On this machine a 2048-token prefill step takes many decode steps' worth of time
 #   (measured above); a stream caught behind it stalls for the whole prefill.
 # - Chunked prefill removes the stall by mixing prompt chunks with decodes; the next
 #   chapters build and measure every piece of it.
 #
 # There are no exercises for this chapter; chapter 1 has the first ones.
+#
+# **Next:** every step above is one forward pass, and its heart is attention; chapter 1
+# builds it, including the mask a chunk over a cache needs.

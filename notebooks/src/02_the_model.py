@@ -306,3 +306,6 @@ shutil.rmtree(checkpoint_dir)
 #
 # **Exercises:** `exercises/02_the_model.ipynb`: write RMSNorm, RoPE, the GQA head
 # expansion and the SwiGLU MLP, each checked against the engine's layer.
+#
+# **Next:** a decode step needs the keys and values of every earlier token; chapter 3
+# keeps them in a paged KV cache instead of recomputing them.

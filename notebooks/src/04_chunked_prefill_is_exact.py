@@ -451,3 +451,6 @@ assert buggy != correct
 #
 # **Exercises:** `exercises/04_chunked_prefill_is_exact.ipynb`: build the rectangular
 # mask, the chunk boundaries and your own chunked prefill loop, checked against the engine.
+#
+# **Next:** chunking is exact, so what it changes is cost; chapter 5 counts the FLOPs and
+# bytes of a step and predicts its time.

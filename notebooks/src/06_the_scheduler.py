@@ -27,6 +27,7 @@ from minillm import metrics
 from minillm.sim import workloads
 from minillm.engine import EngineCore
 from minillm.kv_cache import BlockManager
+from minillm.model_runner import ModelRunner, StepChunk
 from minillm.book.figures import plot_step_timeline, plot_token_gaps
 from minillm.request import Request, SamplingParams
 from minillm.scheduler import Scheduler, SchedulerConfig
@@ -89,6 +90,72 @@ show_source(EngineCore.step)
 # chunks gets its first token from its last chunk. And every token is stamped with the
 # step's `end` time: that is all TTFT, TPOT and ITL need.
 #
+# **The packed step, drawn.** What does "one forward pass over the packed tokens" hold?
+# Take one mixed step: request A brings a 6-token prefill chunk over 10 tokens it
+# already cached, B and C bring one decode token each (7 and 3 cached). The model runner
+# concatenates their new tokens into one row and builds, per token, its **position**
+# (where it sits in its own sequence, for RoPE) and its **slot** (where its K and V go
+# in the paged cache: block `table[pos // block_size]`, offset `pos % block_size`), and
+# per request its cached and new lengths and block table. Varlen attention kernels take
+# the boundaries as cumulative sums, `cu_seqlens_q` over the new tokens and
+# `cu_seqlens_k` over the whole sequences (nano-vllm's `prepare_prefill` builds the
+# same arrays). The engine's packing code:
+
+# %%
+show_source(ModelRunner.prepare)
+
+# %%
+blocks_demo = BlockManager(num_blocks=12, block_size=4)
+for rid, num_tokens in [("A", 8), ("B", 8), ("C", 4), ("A", 16)]:   # A grows after B and C took blocks
+    blocks_demo.allocate(rid, num_tokens)
+runner_demo = ModelRunner(model, blocks_demo)
+step_demo = [StepChunk("A", [65, 66, 67, 68, 69, 70], 10),
+             StepChunk("B", [98], 7), StepChunk("C", [99], 3)]
+token_ids, positions, batch, logits_rows = runner_demo.prepare(step_demo)
+cu_seqlens_q = [0]
+cu_seqlens_k = [0]
+for q_len, seq_len in zip(batch.query_lens, batch.seq_lens):
+    cu_seqlens_q.append(cu_seqlens_q[-1] + q_len)
+    cu_seqlens_k.append(cu_seqlens_k[-1] + seq_len)
+owners = [c.request_id for c in step_demo for _ in c.token_ids]
+rows = {"request": owners, "token id": token_ids.tolist(), "position": positions.tolist(),
+        "slot": batch.slot_mapping.tolist()}
+
+fig, (ax_tok, ax_req) = plt.subplots(1, 2, figsize=(12, 2.6), width_ratios=[3, 2], layout="constrained")
+colors = {"A": "#fdd0a2", "B": "#c6dbef", "C": "#c7e9c0"}
+for i, (name, values) in enumerate(rows.items()):
+    for j, value in enumerate(values):
+        ax_tok.add_patch(plt.Rectangle((j, -i), 1, 1, facecolor=colors[owners[j]], edgecolor="white"))
+        ax_tok.text(j + 0.5, -i + 0.5, str(value), ha="center", va="center", fontsize=9)
+    ax_tok.text(-0.2, -i + 0.5, name, ha="right", va="center", fontsize=9)
+ax_tok.set_xlim(-2.2, len(owners)); ax_tok.set_ylim(-3, 1); ax_tok.axis("off")
+ax_tok.set_title(f"per token (T = {len(owners)}): the packed row the model sees", fontsize=10)
+ax_req.axis("off")
+table = ax_req.table(
+    cellText=[[rid, n, c, c + n, str(t)] for rid, n, c, t in
+              zip("ABC", batch.query_lens, batch.cached_lens, batch.block_tables)]
+             + [["cu_seqlens_q", str(cu_seqlens_q), "", "cu_seqlens_k", str(cu_seqlens_k)]],
+    colLabels=["request", "new", "cached", "seq len", "block table"], loc="center", cellLoc="center")
+table.auto_set_font_size(False); table.set_fontsize(9)
+ax_req.set_title("per request: lengths and block tables (block size 4)", fontsize=10)
+fig.suptitle("One mixed step: a 6-token chunk over 10 cached tokens and two decodes, packed in one row")
+plt.show()
+
+# %%
+for token, (rid, pos, slot) in enumerate(zip(owners, rows["position"], rows["slot"])):
+    table_ = blocks_demo.block_tables[rid]
+    assert slot == table_[pos // 4] * 4 + pos % 4            # block, then offset in the block
+assert rows["position"] == list(range(10, 16)) + [7, 3]
+assert cu_seqlens_q == [0, 6, 7, 8] and cu_seqlens_k == [0, 16, 24, 28]
+assert logits_rows.tolist() == [5, 6, 7]                     # the last new token of each request
+
+# %% [markdown]
+# Read one column: token 68 is A's position 13, so it lands in A's block
+# `table[13 // 4] = table[3]` at offset 1. A's blocks are not contiguous (B and C took
+# blocks while A was growing), and nothing needs them to be: the slot mapping and the
+# block table carry the indirection. The logits are taken only at each request's last
+# new token (rows 5, 6 and 7), where the next token is sampled.
+#
 # ## 2. Three policies, one function each
 #
 # The scheduler is pure Python (no torch, no clock: a test asserts it), so the same code
@@ -104,7 +171,8 @@ show_source(Scheduler.schedule)
 #   every stream stalls for the whole prefill.
 # * **`decode_first`**: a prompt is admitted only when nothing is decoding. Streams never
 #   stall, but a newcomer waits for every stream to finish: request-level batching again.
-# * **`chunked`**: *stall-free batching* (Sarathi-Serve, OSDI 2024). Every running decode
+# * **`chunked`**: *stall-free batching* (Sarathi-Serve, OSDI 2024; its history in
+#   section 9). Every running decode
 #   gets its one token first; then prompts, first come first served, get prefill tokens
 #   until the step holds `chunk_size` of them or reaches `token_budget`. A prompt that
 #   does not fit is split and continues next step. A step is therefore
@@ -217,7 +285,10 @@ for c in CHUNK_SIZES:
 # Under `prefill_first` the prompt's step holds 1024 prefill tokens and no decode: all
 # four streams sit out. Under `chunked` the prompt goes in `1024 / 128 = 8` chunks and
 # every one of those steps also carries the four decodes. Drawn against time, with each
-# bar as wide as its step lasted (`minillm.figures.plot_step_timeline`):
+# bar as wide as its step lasted (`minillm.figures.plot_step_timeline`), on an axis that
+# is linear up to 8 tokens and logarithmic above, so that the four decode tokens (blue)
+# show next to a thousand prefill tokens (red): under `prefill_first` the blue band has
+# a hole exactly where the wide red step is.
 
 # %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 # NBVAL_IGNORE_OUTPUT
@@ -229,6 +300,10 @@ for ax, name in zip(axes, ("prefill_first", "chunked C=128")):
     plot_step_timeline(trace, ax=ax, x="time",
                        title=f"{name}: longest step {widest.duration * 1e3:.0f} ms "
                              f"({widest.num_prefill_tokens} prefill + {widest.num_decode_tokens} decode)")
+    # 4 decode tokens next to 1024 prefill tokens: linear up to 8 tokens, logarithmic above,
+    # so the blue decode band stays visible under every chunk.
+    ax.set_yscale("symlog", linthresh=8)
+    ax.set_ylabel("tokens in the step (symlog)")
 fig.suptitle("One 1024-token step stalls every stream; 128-token chunks keep steps short")
 plt.show()
 
@@ -269,7 +344,7 @@ ax2.bar([i - 0.2 for i in x], [results[n]["tpot"] * 1e3 for n in names], width=0
 ax2.bar([i + 0.2 for i in x], [results[n]["itl_max"] * 1e3 for n in names], width=0.4, label="max ITL")
 ax2.set_yscale("log")
 ax2.set_ylabel("streams' token gap (ms, log)")
-ax2.set_title("A stall hides in the mean TPOT and shows in the max ITL")
+ax2.set_title("A stall adds S/(n-1) to mean TPOT and all of S to max ITL")
 ax2.legend()
 for ax in (ax1, ax2):
     ax.set_xticks(list(x), names, rotation=30, ha="right")
@@ -285,8 +360,9 @@ plt.show()
 # between and its chunk size slides along the trade-off: smaller chunks, shorter worst
 # gap, later first token for the long prompt.
 #
-# On a CPU a forward pass costs roughly in proportion to its tokens, so the stall is
-# large and these comparisons are safe to assert. On a GPU the tiny model is far too
+# On a CPU a forward pass costs a fixed part plus a part per token (chapter 0 measured
+# both), and a 1024-token pass is many times a decode step, so the stall is large and
+# these comparisons are safe to assert. On a GPU the tiny model is far too
 # small to keep the chip busy (every step costs about the same few kernel launches), so
 # the stall all but disappears there; chapter 7's simulator shows it at the scale of an
 # 8B model. We assert the timing claims where they are physics, and the structural
@@ -305,8 +381,9 @@ if device.type == "cpu":
 #
 # One article says the streams' "TPOT jumps from 5 to 205 ms" during a prefill. In
 # benchmark terms that is an **ITL spike**: one gap is 205 ms, the others stay at 5 ms.
-# TPOT is a per-request *mean* over all its gaps, so one stall among many gaps barely
-# moves it. Our streams make 40 tokens; under `prefill_first` one gap of each holds the
+# TPOT is a per-request *mean* over its n-1 gaps, so a stall of S seconds adds
+# **S/(n-1)** to it: 200 ms over a 1000-token answer adds 0.2 ms, over a 10-token answer
+# 22 ms. Our streams make n = 40 tokens; under `prefill_first` one gap of each holds the
 # whole 1024-token prefill:
 
 # %% tags=["slides-hide-input"]
@@ -316,7 +393,7 @@ for ax, name in zip(axes, ("prefill_first", "chunked C=128")):
     r = results[name]
     plot_token_gaps(runs[name][1], tag="decoder", ax=ax,
                     title=f"{name}: mean TPOT {r['tpot'] * 1e3:.0f} ms, max ITL {r['itl_max'] * 1e3:.0f} ms")
-fig.suptitle("The stall is one spike per stream: it dominates max ITL, not mean TPOT")
+fig.suptitle("The stall is one spike per stream: all of it in max ITL, S/(n-1) of it in mean TPOT")
 plt.show()
 
 # %% slideshow={"slide_type": "fragment"}
@@ -332,9 +409,25 @@ for o in (o for o in runs["prefill_first"][1] if o.tag == "decoder"):
 if device.type == "cpu":
     assert spike_ratio > 3
 
+# %%
+# NBVAL_IGNORE_OUTPUT
+# The S/(n-1) rule, per stream: its usual gap (median) plus its one stall spread over n-1 gaps.
+for o in (o for o in runs["prefill_first"][1] if o.tag == "decoder"):
+    gaps = o.metrics.itl
+    usual, spike = sorted(gaps)[len(gaps) // 2], max(gaps)
+    predicted = usual + (spike - usual) / len(gaps)
+    print(f"stream {o.request_id}: n = {len(gaps) + 1}, usual gap {usual * 1e3:5.1f} ms, "
+          f"stall {spike * 1e3:4.0f} ms -> predicted TPOT {predicted * 1e3:5.1f} ms, "
+          f"measured {o.metrics.tpot * 1e3:5.1f} ms")
+    assert abs(o.metrics.tpot - predicted) < 0.25 * o.metrics.tpot
+
 # %% [markdown]
-# A benchmark that reports only mean TPOT would call `prefill_first` a bit slower; the
-# users see a stream that freezes. That is why serving benchmarks (vLLM's
+# The rule explains the table of section 4: with 40 tokens per stream the stall is
+# diluted over 39 gaps, yet it still raises `prefill_first`'s mean TPOT well above
+# `decode_first`'s. In long answers (hundreds of tokens) the same stall all but vanishes
+# from the mean, in short ones it dominates it; the max ITL shows it either way. A
+# benchmark that reports only mean TPOT cannot tell one frozen moment from every token
+# being slower. That is why serving benchmarks (vLLM's
 # `benchmark_serving`, for one) print ITL percentiles next to TPOT, and why the goal of
 # chunked prefill is stated in p99 and max ITL (or "tail TPOT"), not in mean TPOT.
 #
@@ -362,9 +455,9 @@ assert work_before_first_token("prefill_first") == (1, 1024)
 
 # %% [markdown]
 # More passes and more tokens: chunking can only make the long prompt's first token
-# later. How much later depends on each pass's fixed cost, large on a GPU and smaller on
-# a CPU, where a pass costs roughly in proportion to its tokens; small chunks pay the
-# most passes. On a shared machine the difference can drown in the noise of one run (the
+# later. How much later depends on each pass's fixed cost (chapter 0 measures it on this
+# CPU: about the work of a few hundred tokens) and on how much less efficient a small
+# pass is; small chunks pay the most passes. On a shared machine the difference can drown in the noise of one run (the
 # single-run TTFTs of section 4 can come out either way). So we measure it properly: the long
 # prompt's TTFT alone, four streams decoding, each policy three times, interleaved, and
 # keep each one's best run (the one least disturbed by other processes).
@@ -464,23 +557,65 @@ assert [o.output_token_ids for o in tight_outputs] == [o.output_token_ids for o 
 assert tight.block_manager.num_free_blocks == 10
 
 # %% [markdown]
-# The tight engine took more steps (the recomputation) and produced exactly the same
-# tokens, and every block came back to the pool. Preemption costs time, never
+# The tight engine took more steps and produced exactly the same tokens, and every block
+# came back to the pool. Where do the extra steps come from? Two effects are mixed: a
+# small pool runs **fewer requests at once** (10 blocks hold two of these requests at
+# full length, not four), and preempted requests **recompute** tokens they had already
+# computed. To separate them, run a roomy pool limited to the same concurrency
+# (`max_num_seqs=2`, no preemption possible), and count the recomputed tokens: every
+# prefill token the tight engine computed beyond the four prompts.
+
+# %%
+two_at_a_time = minillm.LLMEngine(model, SchedulerConfig(policy="chunked", chunk_size=64, max_num_seqs=2),
+                                  block_size=16, num_blocks=64)
+two_outputs = two_at_a_time.generate(prompts, params)
+recomputed_tokens = sum(r.num_prefill_tokens for r in tight.trace) - sum(len(p) for p in prompts)
+mean_running = {name: sum(len(r.scheduled) for r in e.trace) / len(e.trace)
+                for name, e in [("roomy", roomy), ("max 2 at a time", two_at_a_time), ("tight", tight)]}
+steps = {"roomy": len(roomy.trace), "max 2 at a time": len(two_at_a_time.trace), "tight": len(tight.trace)}
+for name in steps:
+    print(f"{name:16s} {steps[name]:3d} steps, {mean_running[name]:.1f} requests per step on average")
+print(f"of the tight pool's {steps['tight'] - steps['roomy']} extra steps, "
+      f"{steps['max 2 at a time'] - steps['roomy']} come from running fewer requests at once and "
+      f"{steps['tight'] - steps['max 2 at a time']} from preemption; it recomputed {recomputed_tokens} tokens")
+assert [o.output_token_ids for o in two_outputs] == [o.output_token_ids for o in roomy_outputs]
+assert steps["roomy"] < steps["max 2 at a time"] and recomputed_tokens > 0
+assert steps["max 2 at a time"] - steps["roomy"] > steps["tight"] - steps["max 2 at a time"]
+
+# %% [markdown]
+# Most of the extra steps, here all of them, come from concurrency: with room for two
+# requests, the four run two by two. Recomputation costs the tokens printed above, and
+# they ride along in steps that run anyway (a chunk of recomputed prompt next to the
+# other request's decode), so they add few steps or none. Preemption costs time, never
 # correctness, which is why engines size the KV pool first and tune the rest after.
 #
 # ## 9. The same knobs in real engines
 #
 # | minillm | what it bounds | vLLM | SGLang | TensorRT-LLM |
 # |---|---|---|---|---|
-# | `policy="chunked"` | stall-free batching on/off | `enable_chunked_prefill`, on by default in V1 | on by default (`--chunked-prefill-size`, -1 turns it off) | `enable_chunked_context`, **off** by default |
+# | `policy="chunked"` | stall-free batching on/off | `enable_chunked_prefill`, on by default in V1 (decodes first, chunks fill the budget) | prompts are chunked by default (`--chunked-prefill-size`, -1 turns it off), but a step mixes a chunk with decodes only with `--enable-mixed-chunk`, **off** by default: its default steps are prefill-only or decode-only | `enable_chunked_context`, **off** by default |
 # | `token_budget` (`C + N <= budget`) | all tokens of a step | `max_num_batched_tokens` | (`--max-prefill-tokens` caps a prefill batch) | `max_num_tokens`, default 8192 |
 # | `chunk_size` (`C <= chunk_size`) | prefill tokens of a step | (the budget minus the decodes); `long_prefill_token_threshold` caps one request's chunk | `--chunked-prefill-size` | (the budget) |
 # | `max_num_seqs` | requests in a step | `max_num_seqs` | `--max-running-requests` | `max_batch_size` |
 #
-# Sarathi-Serve (Agrawal et al., *Taming Throughput-Latency Tradeoff in LLM Inference
-# with Sarathi-Serve*, OSDI 2024) introduced the two ideas the table implements: a
-# per-step **token budget** chosen from the latency target, and **stall-free batching**
-# (decodes first, then prefill chunks to fill the budget). In vLLM the budget is the
+# The ideas came in steps, each paper adding one:
+#
+# * **Orca** (Yu et al., OSDI 2022): *iteration-level scheduling*, a fresh batch every
+#   step (section 1), with "selective batching" to run requests of different lengths in
+#   one pass. A prompt still ran whole in one iteration.
+# * **SARATHI** (Agrawal et al., arXiv 2308.16369, 2023): *chunked prefills*, a prompt
+#   split into equal chunks, and *decode-maximal batching*, decodes piggybacked on each
+#   chunk's step so that they ride on the weight read the chunk pays for (chapter 5).
+# * **DeepSpeed-FastGen** (Microsoft, Nov 2023; blog in microsoft/DeepSpeed PR #4607,
+#   paper arXiv 2401.08671): *Dynamic SplitFuse*, long prompts split and short ones
+#   composed so that every forward pass holds about the same number of tokens, in a
+#   product; vLLM's issue #1562 asked for the same.
+# * **Sarathi-Serve** (Agrawal et al., *Taming Throughput-Latency Tradeoff in LLM
+#   Inference with Sarathi-Serve*, OSDI 2024): *stall-free batching*, decodes first, then
+#   chunks, under a per-step **token budget** chosen from the latency target (the paper
+#   reports up to 2.6x serving capacity for Mistral-7B on one A100 against vLLM).
+#
+# The table implements the last two ideas. In vLLM the budget is the
 # chunk bound: decodes take their tokens from `max_num_batched_tokens` first and prefill
 # fills the rest, so one knob bounds `C + N`, like our `token_budget`; minillm keeps a
 # separate `chunk_size` to make `C` visible.
@@ -494,8 +629,13 @@ assert tight.block_manager.num_free_blocks == 10
 #   which found 512 too conservative, above all on an H100), and V1, where chunked prefill is
 #   always on, picks 2048 to 16384 depending on the GPU and the entry point (offline
 #   `LLM` or the OpenAI server); see the vLLM docs, *Optimization and Tuning*.
-# * **SGLang**: `--chunked-prefill-size` defaults from the GPU's memory, 2048 to 16384
-#   (SGLang server-arguments docs), not 512.
+# * **SGLang**: `--chunked-prefill-size` defaults from the GPU's memory: 2048 below 35 GB,
+#   4096 below 60 GB, 8192 below 160 GB (A100-80GB, H100, H200), 16384 above
+#   (`python/sglang/srt/server_args.py`, sgl-project/sglang; the tiers differ between
+#   releases), not 512. That size bounds the prefill tokens of a step, but by default SGLang
+#   does not put decodes in the same step: `enable_mixed_chunk` defaults to `False` in the
+#   same file. Out of the box it is therefore chunked, prefill-first scheduling with
+#   steps of bounded size, not stall-free batching.
 # * **TensorRT-LLM**: chunked context is off unless enabled; the step bound
 #   `max_num_tokens` defaults to 8192 (TensorRT-LLM docs, *Long Sequences* and *Tuning
 #   Max Batch Size and Max Num Tokens*); there is no 1024 default.
@@ -518,8 +658,9 @@ assert tight.block_manager.num_free_blocks == 10
 #   the whole prefill; `decode_first` never stalls a stream and makes the newcomer wait
 #   for them all; `chunked` bounds every step to `C + N` tokens, and `C` slides the
 #   trade-off.
-# * A stall is **one long gap**: it barely moves mean TPOT and dominates p99 and max
-#   ITL. Report both.
+# * A stall is **one long gap**: a stall S adds S/(n-1) to the mean TPOT of a stream of
+#   n tokens (diluted in long answers, not in short ones) and all of S to its max ITL.
+#   Report both.
 # * Chunked prefill does **not** lower the long prompt's own TTFT: the same tokens take
 #   more passes that also carry decodes. It lowers the *streams'* worst gap.
 # * Policies, chunk sizes and preemption change when tokens come out, never which
@@ -528,3 +669,6 @@ assert tight.block_manager.num_free_blocks == 10
 # **Exercises** (`exercises/06_the_scheduler.ipynb`): write the chunked policy as a pure
 # function and check it against the engine's `Scheduler`; compute TTFT, TPOT and ITL from
 # timestamps; predict how many steps a prompt needs for a chunk size and token budget.
+#
+# **Next:** the tiny model on one CPU shows the mechanism; chapter 7 simulates the same
+# scheduler on real models and GPUs, where you choose the chunk size.
