@@ -12,18 +12,13 @@ import random
 from ..config import ModelConfig
 from ..sim.hardware import PROFILES, get_hardware
 from ..metrics import summarize
-from ..book.figures import OFF, pick_chunk_size
 from ..scheduler import SchedulerConfig
 from ..sim.simulator import simulate
-from ..sim.workloads import long_prompt_interference, poisson_mix
+from ..sim.workloads import poisson_mix
+from ._common import fail as _fail, passed
+from ._reference import ch07 as _ref
 
-__all__ = ["check_choose_chunk_size", "check_expected_ttft", "check_goodput", "check_decode_floor",
-           "engine_long_ttft"]
-
-
-def _fail(message: str):
-    print("Not yet: " + message)
-    raise AssertionError(message)
+__all__ = ["check_choose_chunk_size", "check_expected_ttft", "check_goodput", "check_decode_floor"]
 
 
 def _close(a, b, rel=1e-9) -> bool:
@@ -36,7 +31,7 @@ def _close(a, b, rel=1e-9) -> bool:
 def _random_rows(rng: random.Random):
     sizes = sorted(rng.sample([16, 32, 64, 128, 256, 512, 1024, 2048, 4096], rng.randint(1, 9)))
     rows = []
-    for c in sizes + ([OFF] if rng.random() < 0.7 else []):
+    for c in sizes + ([_ref.OFF] if rng.random() < 0.7 else []):
         rows.append({"chunk_size": c, "long_ttft_s": rng.uniform(0.05, 2.0),
                      "itl_max_s": rng.uniform(0.005, 0.3)})
     if rng.random() < 0.3 and len(rows) > 1:                 # a tie in TTFT
@@ -51,7 +46,7 @@ def check_choose_chunk_size(choose_chunk_size, num_cases: int = 300, seed: int |
     for _ in range(num_cases):
         rows = _random_rows(rng)
         slo_ms = rng.choice([rng.uniform(1, 400), min(r["itl_max_s"] for r in rows) * 1e3])
-        expected = pick_chunk_size(rows, slo_ms)
+        expected = _ref.pick_chunk_size(rows, slo_ms)
         got = choose_chunk_size([dict(r) for r in rows], slo_ms)
         if got != expected:
             table = "; ".join(f"{r['chunk_size']}: TTFT {r['long_ttft_s'] * 1e3:.0f} ms, worst gap "
@@ -65,21 +60,6 @@ def check_choose_chunk_size(choose_chunk_size, num_cases: int = 300, seed: int |
 # ---------------------------------------------------------------------------
 # 2. TTFT from the steps: sum the cost model over the chunk steps
 # ---------------------------------------------------------------------------
-WARMUP_TOKENS = 4
-
-
-def engine_long_ttft(model, hardware, prompt_len, chunk_size, num_decoders, decoder_context):
-    """The long prompt's TTFT when the simulator serves it: num_decoders streams, each with
-    decoder_context tokens in its KV cache when the prompt's first chunk runs (their prompts
-    must fit in one step together: num_decoders * (decoder_context - 3) <= chunk_size)."""
-    workload = long_prompt_interference(
-        prompt_len=prompt_len, num_decoders=num_decoders, warmup_tokens=WARMUP_TOKENS,
-        decoder_prompt_len=decoder_context - WARMUP_TOKENS + 1, long_output_len=1)
-    res = simulate(workload, SchedulerConfig(policy="chunked", chunk_size=chunk_size),
-                   model=model, hardware=hardware)
-    return next(o for o in res.outputs if o.tag == "long").metrics.ttft
-
-
 def check_expected_ttft(expected_ttft, num_cases: int = 6, seed: int | None = None):
     """expected_ttft(model, hardware, prompt_len, chunk_size, num_decoders, decoder_context) -> seconds."""
     rng = random.Random(seed)
@@ -87,11 +67,11 @@ def check_expected_ttft(expected_ttft, num_cases: int = 6, seed: int | None = No
     while len(cases) < num_cases:
         chunk, n = rng.choice([16, 64, 100, 256, 512, 1000, 2048]), rng.randint(0, 8)
         # the streams' prompts fit in one first step, so all streams are in step when the prompt arrives
-        ctx = rng.randint(WARMUP_TOKENS, chunk // max(n, 1) + WARMUP_TOKENS - 1)
+        ctx = rng.randint(_ref.WARMUP_TOKENS, chunk // max(n, 1) + _ref.WARMUP_TOKENS - 1)
         cases.append((rng.choice(["llama-3-8b", "llama-2-7b", "qwen3-0.6b"]), rng.choice(sorted(PROFILES)),
                       rng.randint(100, 3000), chunk, n, ctx))
     for case in cases:
-        expected = engine_long_ttft(*case)
+        expected = _ref.engine_long_ttft(*case)
         got = expected_ttft(*case)
         if not _close(got, expected, 1e-9):
             model, hw, length, chunk, n, ctx = case

@@ -1,0 +1,140 @@
+"""What every checker shares: how it fails, how it passes, and how it keeps a
+learner from handing in the engine's own function or skipping the method."""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+
+class ExerciseFailed(AssertionError):
+    """A check found a mistake; the first line of the message says which."""
+
+
+def fail(message: str):
+    print("Not yet: " + message)
+    raise ExerciseFailed(message)
+
+
+def passed(message: str) -> bool:
+    print("✓ " + message)
+    return True
+
+
+# ---------------------------------------------------------------------------
+# Forbidding the answer
+# ---------------------------------------------------------------------------
+def _resolve(dotted: str):
+    """'minillm.kv_cache.BlockManager.slot_mapping' -> (owner object, attribute name, value)."""
+    parts = dotted.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        try:
+            owner = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for name in parts[i:-1]:
+            owner = getattr(owner, name)
+        return owner, parts[-1], getattr(owner, parts[-1])
+    raise ImportError(dotted)
+
+
+def _raiser(dotted: str, task: str, why: str):
+    def forbidden(*args, **kwargs):
+        raise ExerciseFailed(f"{task} calls {dotted}, the engine's own answer: {why}")
+    forbidden.__name__ = dotted.rsplit(".", 1)[-1]
+    return forbidden
+
+
+@contextlib.contextmanager
+def forbid(fn, *dotted_names: str, why: str = "write it yourself."):
+    """While the block runs, the named engine functions raise ExerciseFailed.
+
+    Patched everywhere a learner could reach them: the defining module or class,
+    every loaded minillm module that re-exports the same object, and the
+    learner's own globals (`from minillm.attention import causal_mask` in the
+    notebook binds the name there). Names that do not exist in this checkout
+    are skipped, so a checker may list helpers a later version adds. Compute
+    the expected values BEFORE entering: the engine itself may use them.
+    """
+    task = getattr(fn, "__name__", "your function")
+    if task == "<lambda>":
+        task = "your function"
+    learner_globals = getattr(fn, "__globals__", None)
+    patches = []   # (namespace: dict or object, name, original)
+    for dotted in dotted_names:
+        try:
+            owner, name, original = _resolve(dotted)
+        except (ImportError, AttributeError):
+            continue
+        fake = _raiser(dotted, task, why)
+        targets = [(owner, name)]
+        for module in list(sys.modules.values()):
+            if getattr(module, "__name__", "").startswith("minillm") and module is not owner:
+                for attr, value in list(vars(module).items()):
+                    if value is original:
+                        targets.append((module, attr))
+        if learner_globals is not None:
+            targets += [(learner_globals, attr) for attr, value in list(learner_globals.items())
+                        if value is original]
+        for target, attr in targets:
+            if isinstance(target, dict):
+                patches.append((target, attr, target[attr]))
+                target[attr] = fake
+            else:
+                patches.append((target, attr, vars(target)[attr] if isinstance(target, type)
+                                else getattr(target, attr)))
+                setattr(target, attr, fake)
+    try:
+        yield
+    finally:
+        for target, attr, original in reversed(patches):
+            if isinstance(target, dict):
+                target[attr] = original
+            else:
+                setattr(target, attr, original)
+
+
+# ---------------------------------------------------------------------------
+# Watching the forward passes
+# ---------------------------------------------------------------------------
+@dataclass
+class ForwardCall:
+    num_tokens: int
+    positions: list[int]
+    query_lens: list[int]
+    cached_lens: list[int]
+
+
+@dataclass
+class ForwardRecord:
+    calls: list[ForwardCall] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def record_forward(model):
+    """Record every model.forward(token_ids, positions, batch, ...) made in the block."""
+    record = ForwardRecord()
+    original = model.forward
+
+    def recording_forward(token_ids, positions, batch, *args, **kwargs):
+        positions_list = positions.tolist() if isinstance(positions, torch.Tensor) else list(positions)
+        record.calls.append(ForwardCall(
+            num_tokens=int(len(token_ids)), positions=positions_list,
+            query_lens=list(getattr(batch, "query_lens", [])),
+            cached_lens=list(getattr(batch, "cached_lens", []))))
+        return original(token_ids, positions, batch, *args, **kwargs)
+
+    model.forward = recording_forward      # instance attribute: nn.Module.__call__ finds it first
+    try:
+        yield record
+    finally:
+        del model.forward
+
+
+def learner_call(fn, *args, forbidden: tuple[str, ...] = (), why: str = "write it yourself.", **kwargs):
+    """fn(*args, **kwargs) with the forbidden engine functions raising."""
+    with forbid(fn, *forbidden, why=why):
+        return fn(*args, **kwargs)
