@@ -3,7 +3,6 @@ learner from handing in the engine's own function or skipping the method."""
 from __future__ import annotations
 
 import contextlib
-import importlib
 import sys
 from dataclasses import dataclass, field
 
@@ -28,17 +27,38 @@ def passed(message: str) -> bool:
 # Forbidding the answer
 # ---------------------------------------------------------------------------
 def _resolve(dotted: str):
-    """'minillm.kv_cache.BlockManager.slot_mapping' -> (owner object, attribute name, value)."""
+    """'minillm.kv_cache.BlockManager.slot_mapping' -> (owner object, attribute name), or None.
+
+    Only modules already imported count: a learner's code cannot have reached a
+    module nobody imported, and importing one here can take seconds
+    (torch.nn.attention.bias pulls in the compiler stack).
+    """
     parts = dotted.split(".")
     for i in range(len(parts) - 1, 0, -1):
-        try:
-            owner = importlib.import_module(".".join(parts[:i]))
-        except ImportError:
+        owner = sys.modules.get(".".join(parts[:i]))
+        if owner is None:
             continue
-        for name in parts[i:-1]:
-            owner = getattr(owner, name)
-        return owner, parts[-1], getattr(owner, parts[-1])
-    raise ImportError(dotted)
+        try:
+            for name in parts[i:-1]:
+                owner = getattr(owner, name)
+            getattr(owner, parts[-1])
+        except AttributeError:
+            return None
+        return owner, parts[-1]
+    return None
+
+
+_REEXPORTS: dict = {}
+
+
+def _reexports(owner, name: str, original) -> list:
+    """Every (minillm module, attribute) bound to the same object, found once per set of loaded modules."""
+    key = (id(owner), name, len(sys.modules))
+    if key not in _REEXPORTS:
+        modules = [m for key, m in list(sys.modules.items()) if key.startswith("minillm") and m is not None]
+        _REEXPORTS[key] = [(module, attr) for module in modules if module is not owner
+                           for attr, value in list(vars(module).items()) if value is original]
+    return _REEXPORTS[key]
 
 
 def _raiser(dotted: str, task: str, why: str):
@@ -46,6 +66,9 @@ def _raiser(dotted: str, task: str, why: str):
         raise ExerciseFailed(f"{task} calls {dotted}, the engine's own answer: {why}")
     forbidden.__name__ = dotted.rsplit(".", 1)[-1]
     return forbidden
+
+
+_INHERITED = object()
 
 
 @contextlib.contextmanager
@@ -65,17 +88,15 @@ def forbid(fn, *dotted_names: str, why: str = "write it yourself."):
     learner_globals = getattr(fn, "__globals__", None)
     patches = []   # (namespace: dict or object, name, original)
     for dotted in dotted_names:
-        try:
-            owner, name, original = _resolve(dotted)
-        except (ImportError, AttributeError):
+        resolved = _resolve(dotted)
+        if resolved is None:
             continue
+        owner, name = resolved
+        original = vars(owner)[name] if isinstance(owner, type) and name in vars(owner) else getattr(owner, name)
         fake = _raiser(dotted, task, why)
-        targets = [(owner, name)]
-        for module in list(sys.modules.values()):
-            if getattr(module, "__name__", "").startswith("minillm") and module is not owner:
-                for attr, value in list(vars(module).items()):
-                    if value is original:
-                        targets.append((module, attr))
+        if isinstance(original, property):          # e.g. RequestMetrics.tpot
+            fake = property(fake)
+        targets = [(owner, name)] + (_reexports(owner, name, original) if not isinstance(original, property) else [])
         if learner_globals is not None:
             targets += [(learner_globals, attr) for attr, value in list(learner_globals.items())
                         if value is original]
@@ -84,8 +105,9 @@ def forbid(fn, *dotted_names: str, why: str = "write it yourself."):
                 patches.append((target, attr, target[attr]))
                 target[attr] = fake
             else:
-                patches.append((target, attr, vars(target)[attr] if isinstance(target, type)
-                                else getattr(target, attr)))
+                # a class attribute may be inherited: then restoring means deleting ours
+                own = vars(target).get(attr, _INHERITED) if isinstance(target, type) else getattr(target, attr)
+                patches.append((target, attr, own))
                 setattr(target, attr, fake)
     try:
         yield
@@ -93,6 +115,8 @@ def forbid(fn, *dotted_names: str, why: str = "write it yourself."):
         for target, attr, original in reversed(patches):
             if isinstance(target, dict):
                 target[attr] = original
+            elif original is _INHERITED:
+                delattr(target, attr)
             else:
                 setattr(target, attr, original)
 

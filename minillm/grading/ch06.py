@@ -11,8 +11,16 @@ import math
 import random
 
 from ..request import RequestMetrics
-from ._common import fail as _fail, passed
+from ._common import fail as _fail, learner_call, passed
 from ._reference import ch06 as _ref
+
+_SCHEDULER = ("minillm.scheduler.Scheduler.schedule", "minillm.scheduler.Scheduler._schedule_chunked",
+              "minillm.engine.EngineCore.step", "minillm.grading._reference.ch06.engine_schedule_chunked",
+              "minillm.grading._reference.ch06.engine_num_prefill_steps")
+_METRICS = ("minillm.request.RequestMetrics.ttft", "minillm.request.RequestMetrics.tpot",
+            "minillm.request.RequestMetrics.itl", "minillm.request.RequestMetrics.e2e",
+            "minillm.metrics.summarize", "minillm.metrics.distribution")
+_WHY = "work it out from the rules in the statement; the checker compares with the engine for you."
 
 __all__ = ["check_schedule_chunked", "check_stream_metrics", "check_num_prefill_steps"]
 
@@ -49,6 +57,11 @@ def _check_plan_invariants(plan, decoding, prefilling, chunk_size, token_budget)
     strangers = set(granted) - known
     if strangers:
         return f"your plan schedules unknown request ids {sorted(strangers)} ({state})"
+    decode_ids = set(decoding)
+    kinds = [rid in decode_ids for rid, _ in plan]
+    if True in kinds and False in kinds and kinds.index(False) < len(kinds) - 1 - kinds[::-1].index(True):
+        return (f"your plan {plan} puts a prompt before a decode: every decode gets its 1 token first, "
+                f"before any prompt, so the budget can never squeeze a decode out ({state})")
     total = sum(granted.values())
     if token_budget is not None and total > token_budget:
         return f"your plan {plan} holds {total} tokens, over token_budget={token_budget} ({state})"
@@ -86,7 +99,8 @@ def check_schedule_chunked(fn, seed: int | None = None, num_states: int = 300):
               ([7], [], 512, None)]
     states += [_random_state(rng) for _ in range(num_states)]
     for decoding, prefilling, chunk_size, token_budget in states:
-        plan = fn(list(decoding), list(prefilling), chunk_size, token_budget)
+        plan = learner_call(fn, list(decoding), list(prefilling), chunk_size, token_budget,
+                            forbidden=_SCHEDULER, why=_WHY)
         problem = _check_plan_invariants(plan, decoding, prefilling, chunk_size, token_budget)
         if problem:
             _fail(problem)
@@ -96,7 +110,7 @@ def check_schedule_chunked(fn, seed: int | None = None, num_states: int = 300):
                   f"token_budget={token_budget}: you plan {sorted(dict(plan).items())}, the engine's "
                   f"Scheduler plans {sorted(expected.items())}. Prompts should take as many tokens as the "
                   "step has left (min of chunk_size and the budget left after the decodes).")
-    print(f"check_schedule_chunked: correct on {len(states)} states, same plans as the engine's Scheduler")
+    return passed(f"check_schedule_chunked: correct on {len(states)} states, same plans as the engine's Scheduler")
 
 
 # ---------------------------------------------------------------------------
@@ -120,7 +134,7 @@ def check_stream_metrics(fn, seed: int | None = None):
         reference = RequestMetrics(arrival_time=arrival, first_token_time=times[0], token_times=list(times),
                                    finish_time=times[-1])
         expected = {"ttft": reference.ttft, "tpot": reference.tpot, "itl": reference.itl}
-        got = fn(arrival, list(times))
+        got = learner_call(fn, arrival, list(times), forbidden=_METRICS, why=_WHY)
         if not isinstance(got, dict) or not {"ttft", "tpot", "itl"} <= set(got):
             _fail(f"return a dict with keys 'ttft', 'tpot' and 'itl'; you returned {got!r}")
         shown = f"arrival_time={arrival:.3f}, token_times={[round(x, 3) for x in times]}"
@@ -137,7 +151,7 @@ def check_stream_metrics(fn, seed: int | None = None):
                 math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) for a, b in zip(itl, expected["itl"])):
             _fail(f"{shown}: itl={itl!r}, expected {[round(x, 6) for x in expected['itl']]}: one gap per pair "
                   "of consecutive tokens (the wait for the first token is TTFT, not an ITL)")
-    print(f"check_stream_metrics: correct on {len(cases)} streams, same as minillm.request.RequestMetrics")
+    return passed(f"check_stream_metrics: correct on {len(cases)} streams, same as minillm.request.RequestMetrics")
 
 
 # ---------------------------------------------------------------------------
@@ -154,9 +168,12 @@ def check_num_prefill_steps(fn, seed: int | None = None):
                       token_budget))
     for prompt_len, chunk_size, num_decoding, token_budget in cases:
         expected = _ref.engine_num_prefill_steps(prompt_len, chunk_size, num_decoding, token_budget)
-        got = fn(prompt_len, chunk_size, num_decoding, token_budget)
+        got = learner_call(fn, prompt_len, chunk_size, num_decoding, token_budget, forbidden=_SCHEDULER, why=_WHY)
         if got != expected:
-            _fail(f"prompt_len={prompt_len}, chunk_size={chunk_size}, {num_decoding} streams decoding, "
+            hint = ""
+            if isinstance(got, int) and got == expected - 1:
+                hint = "One step short: the last, partial chunk needs a step of its own (round up). "
+            _fail(f"{hint}prompt_len={prompt_len}, chunk_size={chunk_size}, {num_decoding} streams decoding, "
                   f"token_budget={token_budget}: you predict {got!r} steps, the engine took {expected}. "
                   "Each step the decodes take their tokens first; the prompt gets what is left, at most chunk_size.")
-    print(f"check_num_prefill_steps: correct on {len(cases)} cases, same step counts as the engine")
+    return passed(f"check_num_prefill_steps: correct on {len(cases)} cases, same step counts as the engine")

@@ -15,8 +15,16 @@ from ..metrics import summarize
 from ..scheduler import SchedulerConfig
 from ..sim.simulator import simulate
 from ..sim.workloads import poisson_mix
-from ._common import fail as _fail, passed
+from ._common import fail as _fail, learner_call, passed
 from ._reference import ch07 as _ref
+
+_PICK = ("minillm.book.figures.pick_chunk_size", "minillm.book.figures.best_chunk_size",
+         "minillm.book.lab.pick_chunk_size", "minillm.book.lab.best_chunk_size",
+         "minillm.grading._reference.ch07.pick_chunk_size")
+_SIMULATE = ("minillm.sim.simulator.simulate", "minillm.engine.EngineCore.step",
+             "minillm.grading._reference.ch07.engine_long_ttft")
+_SUMMARY = ("minillm.metrics.summarize", "minillm.metrics.meets_slo", "minillm.sim.simulator.SimResult.summary")
+_WHY = "write it from the statement; the checker compares with the package for you."
 
 __all__ = ["check_choose_chunk_size", "check_expected_ttft", "check_goodput", "check_decode_floor"]
 
@@ -43,18 +51,33 @@ def _random_rows(rng: random.Random):
 def check_choose_chunk_size(choose_chunk_size, num_cases: int = 300, seed: int | None = None):
     """choose_chunk_size(rows, itl_slo_ms) -> chunk size, "off" or None."""
     rng = random.Random(seed)
-    for _ in range(num_cases):
-        rows = _random_rows(rng)
-        slo_ms = rng.choice([rng.uniform(1, 400), min(r["itl_max_s"] for r in rows) * 1e3])
+    # Hand-picked first: a TTFT tie (smaller chunk wins, "off" is the largest), an SLO
+    # nobody meets, no rows at all, and a 0 ms SLO (the lab's own helper refuses it).
+    tie = [{"chunk_size": "off", "long_ttft_s": 0.5, "itl_max_s": 0.01},
+           {"chunk_size": 512, "long_ttft_s": 0.5, "itl_max_s": 0.01},
+           {"chunk_size": 256, "long_ttft_s": 0.6, "itl_max_s": 0.005}]
+    fixed = [(tie, 20.0), (tie, 7.0), (tie, 1.0), ([], 50.0), (tie, 0.0)]
+    for i in range(num_cases + len(fixed)):
+        rows, slo_ms = fixed[i] if i < len(fixed) else (_random_rows(rng), None)
+        if slo_ms is None:
+            slo_ms = rng.choice([rng.uniform(1, 400), min(r["itl_max_s"] for r in rows) * 1e3])
         expected = _ref.pick_chunk_size(rows, slo_ms)
-        got = choose_chunk_size([dict(r) for r in rows], slo_ms)
+        got = learner_call(choose_chunk_size, [dict(r) for r in rows], slo_ms, forbidden=_PICK, why=_WHY)
         if got != expected:
             table = "; ".join(f"{r['chunk_size']}: TTFT {r['long_ttft_s'] * 1e3:.0f} ms, worst gap "
                               f"{r['itl_max_s'] * 1e3:.1f} ms" for r in rows)
-            _fail(f"for an ITL SLO of {slo_ms:.1f} ms and rows [{table}] you chose {got!r}, "
+            meeting = [r for r in rows if r["itl_max_s"] * 1e3 <= slo_ms]
+            hint = ""
+            if isinstance(got, dict):
+                hint = "Return the row's chunk_size, not the row. "
+            elif meeting and got == min(meeting, key=lambda r: r["itl_max_s"])["chunk_size"]:
+                hint = "You pick the smallest gap; among the rows that meet the SLO, pick the lowest TTFT. "
+            elif meeting and got == min(rows, key=lambda r: r["long_ttft_s"])["chunk_size"]:
+                hint = "Your choice has the lowest TTFT but its worst gap misses the SLO: filter first. "
+            _fail(f"{hint}For an ITL SLO of {slo_ms:.1f} ms and rows [{table}] you chose {got!r}, "
                   f"expected {expected!r} (lowest TTFT among rows meeting the SLO; ties: smaller chunk; "
                   f"None if no row meets it)")
-    print(f"choose_chunk_size: {num_cases} random sweeps agree with the lab")
+    return passed(f"choose_chunk_size: {num_cases} random sweeps agree with the lab")
 
 
 # ---------------------------------------------------------------------------
@@ -72,7 +95,7 @@ def check_expected_ttft(expected_ttft, num_cases: int = 6, seed: int | None = No
                       rng.randint(100, 3000), chunk, n, ctx))
     for case in cases:
         expected = _ref.engine_long_ttft(*case)
-        got = expected_ttft(*case)
+        got = learner_call(expected_ttft, *case, forbidden=_SIMULATE, why="sum predict_step over the steps you build.")
         if not _close(got, expected, 1e-9):
             model, hw, length, chunk, n, ctx = case
             steps = -(-length // chunk)
@@ -80,7 +103,7 @@ def check_expected_ttft(expected_ttft, num_cases: int = 6, seed: int | None = No
                   f"streams at {ctx} cached tokens: you predict {got!r} s, the simulator measures "
                   f"{expected:.6f} s. Each step is [(chunk tokens, tokens already cached, is it the last "
                   f"chunk?)] + [(1, ctx + k, True)] * n at step k; sum predict_step(...).total")
-    print(f"expected_ttft: {len(cases)} cases match the simulator to 1e-9")
+    return passed(f"expected_ttft: {len(cases)} cases match the simulator to 1e-9")
 
 
 # ---------------------------------------------------------------------------
@@ -96,27 +119,27 @@ def check_goodput(goodput, num_cases: int = 4, seed: int | None = None):
         outputs = simulate(load, sched).outputs
         ttft_slo_s, tpot_slo_s = rng.uniform(0.05, 1.0), rng.uniform(0.01, 0.05)
         expected = summarize(outputs, ttft_slo_s, tpot_slo_s)["goodput_req_s"]
-        got = goodput(outputs, ttft_slo_s, tpot_slo_s)
+        got = learner_call(goodput, outputs, ttft_slo_s, tpot_slo_s, forbidden=_SUMMARY, why=_WHY)
         if not _close(got, expected, 1e-9):
             _fail(f"{len(outputs)} requests, TTFT SLO {ttft_slo_s:.3f} s, TPOT SLO {tpot_slo_s:.3f} s: you "
                   f"return {got!r} req/s, expected {expected:.4f} (requests meeting both SLOs, divided by the "
                   f"time from the first arrival to the last finish; a 1-token request has no TPOT and "
                   f"meets any TPOT SLO)")
-    print(f"goodput: {num_cases} random loads agree with metrics.summarize")
+    return passed(f"goodput: {num_cases} random loads agree with metrics.summarize")
 
 
 # ---------------------------------------------------------------------------
 # 4. The decode floor
 # ---------------------------------------------------------------------------
-def check_decode_floor(decode_floor_s):
+def check_decode_floor(decode_floor_s, seed: int | None = None):
     """decode_floor_s(cfg, hardware, dtype_bytes) -> seconds to stream every weight once."""
     for name in ("llama-2-7b", "llama-3-8b", "qwen3-0.6b", "mistral-7b"):
         for hw_name in sorted(PROFILES):
             for dtype_bytes in (1, 2):
                 cfg, hw = ModelConfig.preset(name), get_hardware(hw_name)
                 expected = cfg.num_parameters() * dtype_bytes / hw.mem_bandwidth_bytes_s
-                got = decode_floor_s(cfg, hw, dtype_bytes)
+                got = learner_call(decode_floor_s, cfg, hw, dtype_bytes)
                 if not _close(got, expected, 1e-9):
                     _fail(f"{name} on {hw_name} at {dtype_bytes} bytes per weight: you return {got!r} s, "
                           f"expected {expected:.6f} s (all parameters x bytes, over the datasheet bandwidth)")
-    print("decode_floor_s: matches for 4 models x 4 GPUs x 2 dtypes")
+    return passed("decode_floor_s: matches for 4 models x 4 GPUs x 2 dtypes")
