@@ -473,3 +473,14 @@ def test_reference_step_traffic_equals_the_accounting_module():
             (traffic["flops"], traffic["bytes_weights"], traffic["bytes_kv_read"], traffic["bytes_kv_write"])
         n, c = requests[0][:2]
         assert ref05.layer_flops(cfg, n, c) == step_cost(cfg, [(n, c, False)]).flops // cfg.num_layers
+
+
+def test_the_engines_function_is_refused_however_it_is_handed_in():
+    def default_arg(q_len, k_len, _answer=causal_mask):
+        return _answer(q_len, k_len)
+    answer = causal_mask
+    closure = lambda q_len, k_len: answer(q_len, k_len)
+    for fn in (causal_mask, default_arg, closure, lambda q, k: minillm.attention.causal_mask(q, k)):
+        with pytest.raises(AssertionError, match="engine's own answer"):
+            ex.check_causal_mask(fn, seed=0)
+    assert default_arg.__defaults__[0] is causal_mask and answer is causal_mask

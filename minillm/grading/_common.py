@@ -86,6 +86,10 @@ def forbid(fn, *dotted_names: str, why: str = "write it yourself."):
     if task == "<lambda>":
         task = "your function"
     learner_globals = getattr(fn, "__globals__", None)
+    for dotted in dotted_names:                # handing in the engine's function itself
+        resolved = _resolve(dotted)
+        if resolved is not None and (fn is getattr(*resolved) or getattr(fn, "__func__", None) is getattr(*resolved)):
+            fail(f"you handed in {dotted}, the engine's own answer: {why}")
     patches = []   # (namespace: dict or object, name, original)
     for dotted in dotted_names:
         resolved = _resolve(dotted)
@@ -100,6 +104,18 @@ def forbid(fn, *dotted_names: str, why: str = "write it yourself."):
         if learner_globals is not None:
             targets += [(learner_globals, attr) for attr, value in list(learner_globals.items())
                         if value is original]
+        # `def f(q, _answer=causal_mask)` or a closure over it hides the name elsewhere
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                if cell.cell_contents is original:
+                    patches.append((cell, "cell_contents", original))
+                    cell.cell_contents = fake
+            except ValueError:          # an empty cell
+                pass
+        defaults = getattr(fn, "__defaults__", None)
+        if defaults and any(d is original for d in defaults):
+            patches.append((fn, "__defaults__", defaults))
+            fn.__defaults__ = tuple(fake if d is original else d for d in defaults)
         for target, attr in targets:
             if isinstance(target, dict):
                 patches.append((target, attr, target[attr]))
