@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,21 +113,25 @@ def grade_notebook(path: Path, timeout_s: int = 600) -> list[TaskResult]:
     return score(nb, path.name, ran)
 
 
-def format_table(results: list[TaskResult], width: int = 100) -> str:
-    """One row per exercise, then the total."""
+def format_table(results: list[TaskResult], width: int | None = None) -> str:
+    """One row per exercise (a long message wraps onto the lines below it), then the total."""
     if not results:
         return "(no graded cells)"
+    width = width or max(100, shutil.get_terminal_size((120, 24)).columns)
     ex_w = min(44, max(len("exercise"), *(len(r.exercise) for r in results)))
-    res_w = max(10, width - ex_w - 12)
-    clip = lambda text, n: text if len(text) <= n else text[:n - 1] + "…"
-    lines = [f"{'exercise':<{ex_w}}  {'result':<{res_w}}  {'points':>6}", "-" * (ex_w + res_w + 10)]
+    res_w = max(20, width - ex_w - 12)
+    rule = "-" * (ex_w + res_w + 10)
+    lines = [f"{'exercise':<{ex_w}}  {'result':<{res_w}}  {'points':>6}", rule]
     for r in results:
-        result = "passed" if r.status == "passed" else r.message
-        lines.append(f"{clip(r.exercise, ex_w):<{ex_w}}  {clip(result, res_w):<{res_w}}  "
-                     f"{r.points:>2}/{r.max_points:<3}")
+        result = textwrap.wrap("passed" if r.status == "passed" else r.message, res_w) or [""]
+        title = textwrap.wrap(r.exercise, ex_w) or [""]
+        for i in range(max(len(result), len(title))):
+            left = title[i] if i < len(title) else ""
+            middle = result[i] if i < len(result) else ""
+            right = f"{r.points:>2}/{r.max_points:<3}" if i == 0 else ""
+            lines.append(f"{left:<{ex_w}}  {middle:<{res_w}}  {right}".rstrip())
     earned, total = sum(r.points for r in results), sum(r.max_points for r in results)
-    lines.append("-" * (ex_w + res_w + 10))
-    lines.append(f"{'total':<{ex_w}}  {'':<{res_w}}  {earned:>2}/{total:<3}")
+    lines += [rule, f"{'total':<{ex_w}}  {'':<{res_w}}  {earned:>2}/{total:<3}"]
     return "\n".join(lines)
 
 
