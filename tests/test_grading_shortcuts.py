@@ -313,8 +313,10 @@ CASES = {
     ]),
     "check_expected_ttft": (expected_ttft, [
         ("simulator", lambda *a: _ref07().engine_long_ttft(*a), "engine's own answer"),
-        ("no_decodes", lambda m, h, p, c, n, ctx: expected_ttft(m, h, p, c, 0, ctx), "sum predict_step"),
-        ("one_step", lambda m, h, p, c, n, ctx: expected_ttft(m, h, p, p, n, ctx), "sum predict_step"),
+        ("no_decodes", lambda m, h, p, c, n, ctx: expected_ttft(m, h, p, c, 0, ctx), "should be"),
+        ("one_step", lambda m, h, p, c, n, ctx: expected_ttft(m, h, p, p, n, ctx), "steps, one call each"),
+        ("contexts_one_ahead", lambda m, h, p, c, n, ctx: expected_ttft(m, h, p, c, n, ctx + 1), "should be"),
+        ("hard_coded", lambda *a: 0.25, "sum predict_step"),
     ]),
     "check_goodput": (goodput, [
         ("summarize", lambda o, a, b: minillm.metrics.summarize(o, a, b)["goodput_req_s"], "engine's own answer"),

@@ -7,8 +7,10 @@ Layout
                                    lists only `check_*` functions.
     minillm/grading/_common.py     fail / passed, `forbid` (engine functions that
                                    are the answer raise while the learner runs),
-                                   `record_forward` (count and inspect forward
-                                   passes), `learner_call`.
+                                   `spy` (record the learner's calls to an allowed
+                                   engine function, e.g. the steps passed to
+                                   predict_step), `record_forward` (count and
+                                   inspect forward passes), `learner_call`.
     minillm/grading/_reference/    reference solutions and engine-driven expected
                                    values (private: never re-exported here, never
                                    imported by an exercise notebook).

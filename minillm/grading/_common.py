@@ -72,60 +72,46 @@ _INHERITED = object()
 
 
 @contextlib.contextmanager
-def forbid(fn, *dotted_names: str, why: str = "write it yourself."):
-    """While the block runs, the named engine functions raise ExerciseFailed.
-
-    Patched everywhere a learner could reach them: the defining module or class,
-    every loaded minillm module that re-exports the same object, and the
-    learner's own globals (`from minillm.attention import causal_mask` in the
-    notebook binds the name there). Names that do not exist in this checkout
-    are skipped, so a checker may list helpers a later version adds. Compute
-    the expected values BEFORE entering: the engine itself may use them.
-    """
-    task = getattr(fn, "__name__", "your function")
-    if task == "<lambda>":
-        task = "your function"
+def _replaced_everywhere(fn, replacements: dict):
+    """Bind each dotted name to replacements[dotted](original) wherever a learner can reach it:
+    the defining module or class, every loaded minillm module that re-exports the same
+    object, the learner's globals (`from minillm.attention import causal_mask` in the
+    notebook binds the name there), and its default arguments and closure cells."""
     learner_globals = getattr(fn, "__globals__", None)
-    for dotted in dotted_names:                # handing in the engine's function itself
-        resolved = _resolve(dotted)
-        if resolved is not None and (fn is getattr(*resolved) or getattr(fn, "__func__", None) is getattr(*resolved)):
-            fail(f"you handed in {dotted}, the engine's own answer: {why}")
     patches = []   # (namespace: dict or object, name, original)
-    for dotted in dotted_names:
-        resolved = _resolve(dotted)
-        if resolved is None:
-            continue
-        owner, name = resolved
-        original = vars(owner)[name] if isinstance(owner, type) and name in vars(owner) else getattr(owner, name)
-        fake = _raiser(dotted, task, why)
-        if isinstance(original, property):          # e.g. RequestMetrics.tpot
-            fake = property(fake)
-        targets = [(owner, name)] + (_reexports(owner, name, original) if not isinstance(original, property) else [])
-        if learner_globals is not None:
-            targets += [(learner_globals, attr) for attr, value in list(learner_globals.items())
-                        if value is original]
-        # `def f(q, _answer=causal_mask)` or a closure over it hides the name elsewhere
-        for cell in getattr(fn, "__closure__", None) or ():
-            try:
-                if cell.cell_contents is original:
-                    patches.append((cell, "cell_contents", original))
-                    cell.cell_contents = fake
-            except ValueError:          # an empty cell
-                pass
-        defaults = getattr(fn, "__defaults__", None)
-        if defaults and any(d is original for d in defaults):
-            patches.append((fn, "__defaults__", defaults))
-            fn.__defaults__ = tuple(fake if d is original else d for d in defaults)
-        for target, attr in targets:
-            if isinstance(target, dict):
-                patches.append((target, attr, target[attr]))
-                target[attr] = fake
-            else:
-                # a class attribute may be inherited: then restoring means deleting ours
-                own = vars(target).get(attr, _INHERITED) if isinstance(target, type) else getattr(target, attr)
-                patches.append((target, attr, own))
-                setattr(target, attr, fake)
     try:
+        for dotted, make in replacements.items():
+            resolved = _resolve(dotted)
+            if resolved is None:
+                continue
+            owner, name = resolved
+            original = vars(owner)[name] if isinstance(owner, type) and name in vars(owner) else getattr(owner, name)
+            is_property = isinstance(original, property)            # e.g. RequestMetrics.tpot
+            fake = property(make(original.fget)) if is_property else make(original)
+            targets = [(owner, name)] + ([] if is_property else _reexports(owner, name, original))
+            if learner_globals is not None:
+                targets += [(learner_globals, attr) for attr, value in list(learner_globals.items())
+                            if value is original]
+            for cell in getattr(fn, "__closure__", None) or ():
+                try:
+                    if cell.cell_contents is original:
+                        patches.append((cell, "cell_contents", original))
+                        cell.cell_contents = fake
+                except ValueError:          # an empty cell
+                    pass
+            defaults = getattr(fn, "__defaults__", None)
+            if defaults and any(d is original for d in defaults):
+                patches.append((fn, "__defaults__", defaults))
+                fn.__defaults__ = tuple(fake if d is original else d for d in defaults)
+            for target, attr in targets:
+                if isinstance(target, dict):
+                    patches.append((target, attr, target[attr]))
+                    target[attr] = fake
+                else:
+                    # a class attribute may be inherited: then restoring means deleting ours
+                    own = vars(target).get(attr, _INHERITED) if isinstance(target, type) else getattr(target, attr)
+                    patches.append((target, attr, own))
+                    setattr(target, attr, fake)
         yield
     finally:
         for target, attr, original in reversed(patches):
@@ -135,6 +121,41 @@ def forbid(fn, *dotted_names: str, why: str = "write it yourself."):
                 delattr(target, attr)
             else:
                 setattr(target, attr, original)
+
+
+@contextlib.contextmanager
+def forbid(fn, *dotted_names: str, why: str = "write it yourself."):
+    """While the block runs, the named engine functions raise ExerciseFailed.
+
+    Names that do not exist in this checkout are skipped, so a checker may list
+    helpers a later version adds. Compute the expected values BEFORE entering:
+    the engine itself may use them.
+    """
+    task = getattr(fn, "__name__", "your function")
+    if task == "<lambda>":
+        task = "your function"
+    for dotted in dotted_names:                # handing in the engine's function itself
+        resolved = _resolve(dotted)
+        if resolved is not None and (fn is getattr(*resolved) or getattr(fn, "__func__", None) is getattr(*resolved)):
+            fail(f"you handed in {dotted}, the engine's own answer: {why}")
+    with _replaced_everywhere(fn, {d: (lambda original, d=d: _raiser(d, task, why)) for d in dotted_names}):
+        yield
+
+
+@contextlib.contextmanager
+def spy(fn, dotted: str):
+    """Record the (args, kwargs) of every call the learner's code makes to an allowed
+    engine function (it still runs): compare intermediate values, not only the result."""
+    calls = []
+
+    def make(original):
+        def recording(*args, **kwargs):
+            calls.append((args, kwargs))
+            return original(*args, **kwargs)
+        return recording
+
+    with _replaced_everywhere(fn, {dotted: make}):
+        yield calls
 
 
 # ---------------------------------------------------------------------------

@@ -15,14 +15,14 @@ from ..metrics import summarize
 from ..scheduler import SchedulerConfig
 from ..sim.simulator import simulate
 from ..sim.workloads import poisson_mix
-from ._common import fail as _fail, learner_call, passed
+from ._common import fail as _fail, forbid, learner_call, passed, spy
 from ._reference import ch07 as _ref
 
 _PICK = ("minillm.book.figures.pick_chunk_size", "minillm.book.figures.best_chunk_size",
          "minillm.book.lab.pick_chunk_size", "minillm.book.lab.best_chunk_size",
          "minillm.grading._reference.ch07.pick_chunk_size")
 _SIMULATE = ("minillm.sim.simulator.simulate", "minillm.engine.EngineCore.step",
-             "minillm.grading._reference.ch07.engine_long_ttft")
+             "minillm.grading._reference.ch07.engine_long_ttft", "minillm.grading._reference.ch07.ttft_steps")
 _SUMMARY = ("minillm.metrics.summarize", "minillm.metrics.meets_slo", "minillm.sim.simulator.SimResult.summary")
 _WHY = "write it from the statement; the checker compares with the package for you."
 
@@ -83,6 +83,27 @@ def check_choose_chunk_size(choose_chunk_size, num_cases: int = 300, seed: int |
 # ---------------------------------------------------------------------------
 # 2. TTFT from the steps: sum the cost model over the chunk steps
 # ---------------------------------------------------------------------------
+def _diagnose_steps(case, calls):
+    """Name the first step the learner priced differently from the simulator's."""
+    model, hw, length, chunk, n, ctx = case
+    want = _ref.ttft_steps(length, chunk, n, ctx)
+    given = [list(args[1]) if len(args) > 1 else list(kwargs.get("requests", kwargs.get("step", [])))
+             for args, kwargs in calls]
+    where = f"{model} on {hw}, a {length}-token prompt in chunks of {chunk} with {n} streams at {ctx} cached tokens"
+    if not given:
+        return
+    if len(given) != len(want):
+        _fail(f"{where}: you call predict_step {len(given)} times; the prefill takes ceil({length} / {chunk}) = "
+              f"{len(want)} steps, one call each")
+    for k, (mine, theirs) in enumerate(zip(given, want)):
+        mine = [tuple(r) if len(r) == 3 else (*r, True) for r in mine]
+        if sorted(mine) != sorted(theirs):
+            _fail(f"{where}: step {k} should be {theirs[:2]}{' + ...' if len(theirs) > 2 else ''} "
+                  f"({len(theirs)} requests), you pass {mine[:2]}{' + ...' if len(mine) > 2 else ''} "
+                  f"({len(mine)} requests). The chunk is (tokens, tokens cached before it, is it the last?), "
+                  "each stream (1, context + k, True)")
+
+
 def check_expected_ttft(expected_ttft, num_cases: int = 6, seed: int | None = None):
     """expected_ttft(model, hardware, prompt_len, chunk_size, num_decoders, decoder_context) -> seconds."""
     rng = random.Random(seed)
@@ -95,8 +116,11 @@ def check_expected_ttft(expected_ttft, num_cases: int = 6, seed: int | None = No
                       rng.randint(100, 3000), chunk, n, ctx))
     for case in cases:
         expected = _ref.engine_long_ttft(*case)
-        got = learner_call(expected_ttft, *case, forbidden=_SIMULATE, why="sum predict_step over the steps you build.")
+        with spy(expected_ttft, "minillm.sim.simulator.predict_step") as calls, \
+                forbid(expected_ttft, *_SIMULATE, why="sum predict_step over the steps you build."):
+            got = expected_ttft(*case)
         if not _close(got, expected, 1e-9):
+            _diagnose_steps(case, calls)
             model, hw, length, chunk, n, ctx = case
             steps = -(-length // chunk)
             _fail(f"{model} on {hw}, a {length}-token prompt in chunks of {chunk} ({steps} steps) with {n} "

@@ -36,3 +36,13 @@ def engine_long_ttft(model, hardware, prompt_len, chunk_size, num_decoders, deco
     res = simulate(workload, SchedulerConfig(policy="chunked", chunk_size=chunk_size),
                    model=model, hardware=hardware)
     return next(o for o in res.outputs if o.tag == "long").metrics.ttft
+
+
+def ttft_steps(prompt_len, chunk_size, num_decoders, decoder_context):
+    """The steps the long prompt's prefill takes: its chunk, then one decode per stream."""
+    steps, done, k = [], 0, 0
+    while done < prompt_len:
+        n = min(chunk_size, prompt_len - done)
+        steps.append([(n, done, done + n == prompt_len)] + [(1, decoder_context + k, True)] * num_decoders)
+        done, k = done + n, k + 1
+    return steps
