@@ -1,4 +1,4 @@
-"""Command line: `python -m minillm bench ...`, `python -m minillm figures`."""
+"""Command line: `python -m minillm bench ...`, `python -m minillm figures`, `python -m minillm grade`."""
 from __future__ import annotations
 
 import sys
@@ -8,6 +8,7 @@ USAGE = """usage: python -m minillm COMMAND [options]
 commands:
   bench [interference|hf|simulator|all] [--out DIR]   benchmarks on this device
   figures [--out DIR]                                  regenerate the README's figures
+  grade [NOTEBOOK.ipynb | FOLDER ...]                  run exercise notebooks, print the grades
 """
 
 
@@ -20,6 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     if command == "bench":
         from .book.bench import main as bench_main
         return bench_main(rest)
+    if command == "grade":
+        from .grading.grade import main as grade_main
+        return grade_main(rest)
     if command == "figures":
         import argparse
 

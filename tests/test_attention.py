@@ -241,16 +241,16 @@ def test_flash_backend_refuses_float32_or_a_missing_package_with_a_value_error()
         paged_attention(*args, backend="flash")
 
 
-# ---- the chapter-1 exercise checkers accept the engine and reject classic mistakes ----
-def test_chapter1_checkers_accept_the_engine_and_reject_a_top_left_mask(capsys):
+# ---- the chapter-1 exercise checkers refuse the engine and reject classic mistakes ----
+def test_chapter1_checkers_refuse_the_engine_and_reject_a_top_left_mask(capsys):
+    # (correct answers pass, and more mistakes fail: tests/test_grading_shortcuts.py)
     from minillm.grading import check_attention, check_causal_mask, check_merge_attention
-    assert check_causal_mask(lambda n, m: causal_mask(n, m), seed=0)
-    assert check_attention(reference_attention, seed=0)
-    assert check_merge_attention(merge_attention, seed=0)
-    with pytest.raises(AssertionError, match="top-left"):
-        check_causal_mask(lambda n, m: causal_mask(n, m, align="top_left"), seed=0)
-    with pytest.raises(AssertionError, match="top-left"):
-        check_attention(lambda q, k, v: reference_attention(q, k, v, align="top_left"), seed=0)
+    for check, engine in ((check_causal_mask, lambda n, m: causal_mask(n, m)),
+                          (check_attention, reference_attention), (check_merge_attention, merge_attention)):
+        with pytest.raises(AssertionError, match="engine's own answer"):
+            check(engine, seed=0)
+    with pytest.raises(AssertionError, match="TOP-LEFT"):
+        check_causal_mask(lambda n, m: torch.ones(n, m).tril().bool(), seed=0)
     with pytest.raises(AssertionError, match="weight"):
         check_merge_attention(lambda oa, la, ob, lb: ((oa + ob) / 2, torch.logaddexp(la, lb)), seed=0)
-    assert "✗" in capsys.readouterr().out
+    assert "Not yet" in capsys.readouterr().out

@@ -15,7 +15,9 @@ marker, e.g. the slide metadata that `make slides` (tools/slides.py) reads:
                                          -> exercises/NN_topic.ipynb (learner, stubs)
 
 In a solution, the code between `### BEGIN SOLUTION` and `### END SOLUTION`
-becomes `raise NotImplementedError` in the learner's notebook.
+becomes `raise NotImplementedError` in the learner's notebook. Exercise cells
+also get nbgrader metadata (`grade_cells`): a solution cell is graded by the
+check cell after it, which carries `# points: N`.
 
     python tools/nb.py all             # every source
     python tools/nb.py notebooks/src/04_chunked_prefill_is_exact.py ...
@@ -111,6 +113,31 @@ def number_cells(nb: nbformat.NotebookNode) -> None:
         cell.id = f"cell-{i:03d}"
 
 
+POINTS = re.compile(r"#\s*points:\s*(\d+)")
+
+
+def grade_cells(nb: nbformat.NotebookNode, prefix: str) -> None:
+    """nbgrader metadata: solution cells (autograded answers) and check cells (tests, with points).
+
+    grade_id: "<prefix>_<function>" for a solution cell, "<prefix>_check_<task>" for the
+    cell that grades it (named after the check it calls, else after the function it tests).
+    """
+    last_function = None
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        if BEGIN in cell.source:
+            last_function = (re.findall(r"^def (\w+)\(", cell.source, re.M) or [f"cell{cell.id}"])[0]
+            cell.metadata["nbgrader"] = {"grade": False, "solution": True, "locked": False,
+                                         "grade_id": f"{prefix}_{last_function}", "schema_version": 3}
+        elif POINTS.search(cell.source):
+            check = re.search(r"\bex\.(check_\w+)\(", cell.source)
+            name = check.group(1) if check else f"check_{last_function}"
+            cell.metadata["nbgrader"] = {"grade": True, "solution": False, "locked": True,
+                                         "points": int(POINTS.search(cell.source).group(1)),
+                                         "grade_id": f"{prefix}_{name}", "schema_version": 3}
+
+
 def learner_version(solution: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """Replace every solution block by a stub; keep everything else."""
     nb = nbformat.v4.new_notebook(metadata=solution.metadata)
@@ -120,9 +147,9 @@ def learner_version(solution: nbformat.NotebookNode) -> nbformat.NotebookNode:
         if cell.cell_type == "code":
             source = pattern.sub(lambda m: f"{m.group(1)}# YOUR CODE HERE\n{m.group(1)}raise NotImplementedError",
                                  cell.source)
-            nb.cells.append(nbformat.v4.new_code_cell(source))
+            nb.cells.append(nbformat.v4.new_code_cell(source, metadata=dict(cell.metadata)))
         else:
-            nb.cells.append(nbformat.v4.new_markdown_cell(cell.source))
+            nb.cells.append(nbformat.v4.new_markdown_cell(cell.source, metadata=dict(cell.metadata)))
     number_cells(nb)
     return nb
 
@@ -171,6 +198,8 @@ def build(src: Path, run: bool = True) -> None:
     src = src.resolve()
     nb = parse_percent(src.read_text())
     out = src.parent.parent / (src.stem + ".ipynb")
+    if src.parent.parent.name == "solutions":
+        grade_cells(nb, "ex" + src.stem[:2])
     if run:
         seconds = execute(nb, out.parent)
         print(f"{out.relative_to(ROOT)}: executed in {seconds:.1f} s")

@@ -13,13 +13,44 @@ import torch
 from ..attention import _expand_kv_heads
 from ..config import ModelConfig
 from ..model import MLP, RMSNorm, apply_rope, rope_cos_sin
+from ._common import fail as _fail, learner_call, passed
 
 __all__ = ["check_rms_norm", "check_rope", "check_repeat_kv", "check_swiglu"]
 
+_WHY = "this task asks you to write the layer from tensor operations."
+_NORMS = ("minillm.model.RMSNorm.forward", "torch.nn.functional.rms_norm", "torch.nn.RMSNorm.forward")
+_ROPE = ("minillm.model.apply_rope", "minillm.model.rope_cos_sin", "minillm.model.rope_inverse_frequencies")
+_REPEAT = ("minillm.attention._expand_kv_heads",)
+_MLP = ("minillm.model.MLP.forward",)
 
-def _fail(message: str):
-    print("✗ " + message)
-    raise AssertionError(message)
+
+def _rms_mistake(got, x, weight, eps) -> str:
+    near = lambda other: torch.allclose(got.to(torch.float64), other, atol=1e-9, rtol=0)
+    if near(weight * x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps)):
+        return " (eps goes INSIDE the root: rsqrt(mean(x^2) + eps))"
+    if near(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)):
+        return " (multiply by weight at the end)"
+    centred = x - x.mean(-1, keepdim=True)
+    if near(weight * centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps)):
+        return " (that is LayerNorm: RMSNorm subtracts no mean)"
+    if near(weight * x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + eps)):
+        return " (the mean runs over the last dimension, one value per row)"
+    return ""
+
+
+def _rope_mistake(got, x, positions, theta) -> str:
+    """An interleaved-pairs layout (GPT-J / Meta's original) instead of rotate-half."""
+    half = x.shape[-1] // 2
+    inv_freq = theta ** (-torch.arange(half, dtype=torch.float64) * 2 / x.shape[-1])
+    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
+    cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
+    even, odd = x[..., 0::2], x[..., 1::2]
+    interleaved = torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2)
+    if torch.allclose(got.to(torch.float64), interleaved, atol=1e-8):
+        return " (you rotate pairs (2i, 2i+1); the engine pairs i with i + D/2, \"rotate half\")"
+    if torch.allclose(got.to(torch.float64), x, atol=1e-8):
+        return " (x came back unrotated)"
+    return ""
 
 
 def _generator(rng: random.Random) -> torch.Generator:
@@ -47,9 +78,11 @@ def check_rms_norm(fn, trials: int = 10, seed: int | None = None) -> bool:
         with torch.no_grad():
             norm.weight.copy_(torch.randn(dim, generator=g, dtype=torch.float64))
             want = norm(x)
-        _compare(fn(x.clone(), norm.weight.detach().clone(), eps), want, f"x {tuple(x.shape)}, eps={eps}")
-    print(f"✓ RMSNorm matches the engine's on {trials} random inputs")
-    return True
+        weight = norm.weight.detach().clone()
+        got = learner_call(fn, x.clone(), weight.clone(), eps, forbidden=_NORMS, why=_WHY)
+        hint = _rms_mistake(got, x, weight, eps) if isinstance(got, torch.Tensor) and got.shape == x.shape else ""
+        _compare(got, want, f"x {tuple(x.shape)}, eps={eps}{hint}")
+    return passed(f"RMSNorm matches the engine's on {trials} random inputs")
 
 
 def check_rope(fn, trials: int = 10, seed: int | None = None) -> bool:
@@ -65,10 +98,12 @@ def check_rope(fn, trials: int = 10, seed: int | None = None) -> bool:
         x = torch.randn(T, heads, head_dim, generator=g, dtype=torch.float64)
         positions = torch.randint(0, 4000, (T,), generator=g)
         want = apply_rope(x, *rope_cos_sin(cfg, positions, torch.float64))
-        _compare(fn(x.clone(), positions.clone(), theta), want,
-                 f"x {tuple(x.shape)}, positions {positions.tolist()}, theta={theta:g}", atol=1e-8)
-    print(f"✓ RoPE matches the engine's on {trials} random inputs (pairs (i, i + D/2))")
-    return True
+        got = learner_call(fn, x.clone(), positions.clone(), theta, forbidden=_ROPE, why=_WHY)
+        hint = _rope_mistake(got, x, positions, theta) \
+            if isinstance(got, torch.Tensor) and got.shape == x.shape else ""
+        _compare(got, want, f"x {tuple(x.shape)}, positions {positions.tolist()}, theta={theta:g}{hint}",
+                 atol=1e-8)
+    return passed(f"RoPE matches the engine's on {trials} random inputs (pairs (i, i + D/2))")
 
 
 def check_repeat_kv(fn, trials: int = 10, seed: int | None = None) -> bool:
@@ -80,13 +115,12 @@ def check_repeat_kv(fn, trials: int = 10, seed: int | None = None) -> bool:
         g = _generator(rng)
         k = torch.randn(rng.randrange(1, 6), num_kv_heads, 4, generator=g, dtype=torch.float64)
         want = _expand_kv_heads(k, num_kv_heads * group)
-        got = fn(k.clone(), num_kv_heads * group)
+        got = learner_call(fn, k.clone(), num_kv_heads * group, forbidden=_REPEAT, why=_WHY)
         if isinstance(got, torch.Tensor) and got.shape == want.shape and not torch.equal(got, want) \
                 and torch.equal(got, k.repeat(1, group, 1)):
             _fail("heads are tiled (0,1,0,1) instead of grouped (0,0,1,1): use repeat_interleave")
         _compare(got, want, f"k {tuple(k.shape)}, num_heads={num_kv_heads * group}", atol=0)
-    print(f"✓ KV heads expanded like the engine's on {len(shapes)} shapes")
-    return True
+    return passed(f"KV heads expanded like the engine's on {len(shapes)} shapes")
 
 
 def check_swiglu(fn, trials: int = 10, seed: int | None = None) -> bool:
@@ -104,6 +138,13 @@ def check_swiglu(fn, trials: int = 10, seed: int | None = None) -> bool:
             x = torch.randn(rng.randrange(1, 5), d, generator=g, dtype=torch.float64)
             want = mlp(x)
         weights = [w.detach().clone() for w in (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)]
-        _compare(fn(x.clone(), *weights), want, f"x {tuple(x.shape)}, intermediate {f}")
-    print(f"✓ SwiGLU MLP matches the engine's on {trials} random inputs")
-    return True
+        got = learner_call(fn, x.clone(), *[w.clone() for w in weights], forbidden=_MLP, why=_WHY)
+        gate_w, up_w, down_w = weights
+        hint = ""
+        if isinstance(got, torch.Tensor) and got.shape == want.shape:
+            if torch.allclose(got.to(torch.float64), (torch.nn.functional.silu(x @ up_w.T) * (x @ gate_w.T)) @ down_w.T):
+                hint = " (SiLU goes on the gate projection, not on up)"
+            elif torch.allclose(got.to(torch.float64), (torch.nn.functional.gelu(x @ gate_w.T) * (x @ up_w.T)) @ down_w.T):
+                hint = " (that is GeGLU: SwiGLU uses SiLU, x * sigmoid(x))"
+        _compare(got, want, f"x {tuple(x.shape)}, intermediate {f}{hint}")
+    return passed(f"SwiGLU MLP matches the engine's on {trials} random inputs")

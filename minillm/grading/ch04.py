@@ -1,4 +1,11 @@
-"""Checkers for exercises/04_chunked_prefill_is_exact: compare with the engine."""
+"""Checkers for exercises/04_chunked_prefill_is_exact: compare with the engine, and
+watch the method.
+
+check_chunked_prefill does not only compare the KV: it records every forward
+pass the learner's function makes (there must be ceil(T / chunk_size), with the
+chunk's query length, the cached length before it and its absolute positions)
+and switches the engine's own prefill_kv and ModelRunner off while it runs.
+"""
 from __future__ import annotations
 
 import random
@@ -9,13 +16,15 @@ from ..attention import causal_mask
 from ..config import ModelConfig
 from ..loader import build_model
 from ..model_runner import prefill_kv
+from ._common import fail as _fail, learner_call, passed, forbid, record_forward
+from .ch01 import mask_mistake
 
 __all__ = ["check_chunk_mask", "check_chunk_bounds", "check_chunked_prefill"]
 
-
-def _fail(message: str):
-    print("Not yet: " + message)
-    raise AssertionError(message)
+_MASKS = ("minillm.attention.causal_mask", "torch.nn.attention.bias.causal_lower_right")
+_PREFILL = ("minillm.model_runner.prefill_kv", "minillm.model_runner.ModelRunner.execute",
+            "minillm.model_runner.ModelRunner.prepare", "minillm.prefill.prefill_kv",
+            "minillm.prefill.chunked_prefill")
 
 
 def check_chunk_mask(fn, seed: int | None = None):
@@ -25,31 +34,59 @@ def check_chunk_mask(fn, seed: int | None = None):
                                                  for q in (rng.randint(1, 30) for _ in range(20))]
     for q_len, k_len in cases:
         expected = causal_mask(q_len, k_len)
-        got = fn(q_len, k_len)
+        got = learner_call(fn, q_len, k_len, forbidden=_MASKS,
+                           why="build the mask from torch.arange, as the statement asks.")
         if not isinstance(got, torch.Tensor) or tuple(got.shape) != (q_len, k_len):
             _fail(f"q_len={q_len}, k_len={k_len}: expected a tensor of shape {(q_len, k_len)}, "
                   f"got {getattr(got, 'shape', type(got).__name__)}")
         if not torch.equal(got.bool(), expected):
-            if torch.equal(got.bool(), causal_mask(q_len, k_len, align="top_left")):
-                _fail(f"q_len={q_len}, k_len={k_len}: that is the TOP-LEFT mask. The chunk's queries "
-                      "are the last q_len positions: query i sits at position k_len - q_len + i.")
-            _fail(f"q_len={q_len}, k_len={k_len}: expected\n{expected.int()}\ngot\n{got.int()}")
-    print(f"check_chunk_mask: correct on {len(cases)} shapes")
+            mistake = mask_mistake(got.bool().cpu(), q_len, k_len)
+            _fail(f"q_len={q_len}, k_len={k_len}: {mistake or 'wrong mask'}\nexpected\n{expected.int()}\n"
+                  f"got\n{got.int()}")
+    return passed(f"check_chunk_mask: correct on {len(cases)} shapes")
 
 
 def check_chunk_bounds(fn, seed: int | None = None):
     """fn(num_tokens, chunk_size) -> [(start, end), ...] covering [0, num_tokens) in order."""
     rng = random.Random(seed)
-    cases = [(10, 3), (10, 10), (10, 64), (1, 1), (7, 1)] + \
+    cases = [(10, 3), (10, 10), (10, 64), (1, 1), (7, 1), (1024, 512), (1025, 512)] + \
         [(rng.randint(1, 3000), rng.randint(1, 600)) for _ in range(30)]
     for num_tokens, chunk_size in cases:
         expected = [(s, min(s + chunk_size, num_tokens)) for s in range(0, num_tokens, chunk_size)]
-        got = [tuple(b) for b in fn(num_tokens, chunk_size)]
+        got = [tuple(b) for b in learner_call(fn, num_tokens, chunk_size)]
         if got != expected:
+            hint = "The last chunk may be shorter; none runs past num_tokens."
+            if got and got[-1][1] > num_tokens:
+                hint = f"Your last chunk ends at {got[-1][1]}, past num_tokens: cut it at num_tokens."
+            elif len(got) < len(expected):
+                hint = f"You return {len(got)} chunks, {len(expected)} are needed: don't drop the short last one."
+            elif any(b[0] != a[1] for a, b in zip(got, got[1:])):
+                hint = "Chunks must be contiguous: each starts where the previous ended (end is exclusive)."
             _fail(f"num_tokens={num_tokens}, chunk_size={chunk_size}: you return {got[:4]}..., expected "
-                  f"{expected[:4]}... ({len(expected)} chunks). The last chunk may be shorter; none "
-                  "runs past num_tokens.")
-    print(f"check_chunk_bounds: correct on {len(cases)} cases")
+                  f"{expected[:4]}... ({len(expected)} chunks). {hint}")
+    return passed(f"check_chunk_bounds: correct on {len(cases)} cases")
+
+
+def _check_forward_calls(calls, num_tokens: int, chunk_size: int):
+    """The learner's forward passes, one per chunk, in order, with the right batch."""
+    where = f"{num_tokens} tokens, chunk_size={chunk_size}"
+    starts = list(range(0, num_tokens, chunk_size))
+    if len(calls) != len(starts):
+        _fail(f"{where}: your function ran {len(calls)} forward pass(es); a chunked prefill runs "
+              f"ceil({num_tokens} / {chunk_size}) = {len(starts)}, one per chunk (one pass over the whole "
+              "prompt is the full prefill, not a chunked one)")
+    for i, (call, start) in enumerate(zip(calls, starts)):
+        end = min(start + chunk_size, num_tokens)
+        if call.query_lens != [end - start] or call.num_tokens != end - start:
+            _fail(f"{where}: forward pass {i} got {call.num_tokens} tokens with query_lens={call.query_lens}; "
+                  f"chunk {i} is tokens [{start}, {end}): query_lens=[{end - start}]")
+        if call.cached_lens != [start]:
+            _fail(f"{where}: forward pass {i} has cached_lens={call.cached_lens}, expected [{start}]: the "
+                  "chunk attends to the tokens the earlier chunks cached")
+        if call.positions != list(range(start, end)):
+            _fail(f"{where}: forward pass {i} has positions {call.positions[:4]}..., expected "
+                  f"{list(range(start, min(end, start + 4)))}...: positions are absolute, start + i, "
+                  "or RoPE rotates the keys by the wrong angles")
 
 
 def check_chunked_prefill(fn, seed: int | None = None):
@@ -62,12 +99,17 @@ def check_chunked_prefill(fn, seed: int | None = None):
         for p in model.parameters():
             if p.dim() == 2:
                 p.mul_(8)
-    for _ in range(3):
-        num_tokens = rng.randint(40, 90)
-        chunk_size = rng.choice([1, 7, 16, rng.randint(2, num_tokens - 1)])
+    # chunks of 7 or 16, a random size, and single-token chunks on a short prompt
+    cases = [(rng.randint(40, 90), rng.choice([7, 16]))]
+    cases.append((rng.randint(40, 90), rng.randint(2, cases[0][0] // 2)))
+    cases.append((rng.randint(12, 24), 1))
+    for num_tokens, chunk_size in cases:
         tokens = [rng.randrange(64) for _ in range(num_tokens)]
         expected, _ = prefill_kv(model, tokens)
-        got = fn(model, tokens, chunk_size)
+        with record_forward(model) as record, forbid(fn, *_PREFILL, why="run the chunks through "
+                                                     "model.forward yourself, one AttentionBatch per chunk."):
+            got = fn(model, list(tokens), chunk_size)
+        _check_forward_calls(record.calls, num_tokens, chunk_size)
         if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
             _fail(f"expected a tensor of shape {tuple(expected.shape)}, got "
                   f"{getattr(got, 'shape', type(got).__name__)}")
@@ -82,4 +124,5 @@ def check_chunked_prefill(fn, seed: int | None = None):
             _fail(f"{num_tokens} tokens, chunk_size={chunk_size}: max |KV - full prefill| = "
                   f"{error.max():.2e} (layer {layer}, {'KV'[kind]}, position {position}); the first "
                   f"wrong position is {first}. {hint}.")
-    print("check_chunked_prefill: your chunked KV equals the full prefill to 1e-10 (float64)")
+    return passed("check_chunked_prefill: one forward pass per chunk, and your chunked KV equals the full "
+                  "prefill to 1e-10 (float64)")

@@ -10,70 +10,25 @@ from __future__ import annotations
 import math
 import random
 
-from ..engine import EngineCore, VirtualClock
-from ..kv_cache import BlockManager
-from ..request import Request, RequestMetrics, RequestStatus, SamplingParams
-from ..scheduler import Scheduler, SchedulerConfig
+from ..request import RequestMetrics
+from ._common import fail as _fail, learner_call, passed
+from ._reference import ch06 as _ref
 
-__all__ = ["check_schedule_chunked", "check_stream_metrics", "check_num_prefill_steps",
-           "engine_schedule_chunked"]
+_SCHEDULER = ("minillm.scheduler.Scheduler.schedule", "minillm.scheduler.Scheduler._schedule_chunked",
+              "minillm.engine.EngineCore.step", "minillm.grading._reference.ch06.engine_schedule_chunked",
+              "minillm.grading._reference.ch06.engine_num_prefill_steps")
+_METRICS = ("minillm.request.RequestMetrics.ttft", "minillm.request.RequestMetrics.tpot",
+            "minillm.request.RequestMetrics.itl", "minillm.request.RequestMetrics.e2e",
+            "minillm.metrics.summarize", "minillm.metrics.distribution")
+_WHY = "work it out from the rules in the statement; the checker compares with the engine for you."
 
+__all__ = ["check_schedule_chunked", "check_stream_metrics", "check_num_prefill_steps"]
 
-def _fail(message: str):
-    print("Not yet: " + message)
-    raise AssertionError(message)
 
 
 # ---------------------------------------------------------------------------
 # 1. The chunked policy as a pure function
 # ---------------------------------------------------------------------------
-def engine_schedule_chunked(decoding, prefilling, chunk_size, token_budget, rng=None):
-    """Ask the engine's Scheduler (policy "chunked") for the plan of one step.
-
-    decoding: request ids that are decoding; prefilling: (request_id,
-    tokens_left) in arrival order. The first prompts of `prefilling` are made
-    "running" (already part-prefilled), the rest "waiting", as in a live engine.
-    Returns {request_id: num_new_tokens}.
-    """
-    rng = rng or random.Random(0)
-    num_requests = len(decoding) + len(prefilling)
-    config = SchedulerConfig(policy="chunked", chunk_size=chunk_size, token_budget=token_budget,
-                             max_num_seqs=max(1, num_requests))
-    block_size = 16
-    longest = max([tokens_left for _, tokens_left in prefilling] + [1]) + 64
-    blocks = BlockManager(num_requests * (longest // block_size + 2) + 1, block_size)
-    scheduler = Scheduler(config, blocks)
-    params = SamplingParams(max_tokens=10_000, ignore_eos=True)
-    num_running_prompts = rng.randint(0, len(prefilling))
-    running_decodes, running_prompts = [], []
-    for rid in decoding:
-        request = Request(rid, None, params, 0.0, prompt_len=rng.randint(1, 40))
-        request.output_token_ids = [0] * rng.randint(1, 20)
-        request.num_computed_tokens = request.num_tokens - 1
-        running_decodes.append(request)
-    for i, (rid, tokens_left) in enumerate(prefilling):
-        already_computed = rng.randint(1, 48) if i < num_running_prompts else 0
-        request = Request(rid, None, params, 0.0, prompt_len=already_computed + tokens_left)
-        request.num_computed_tokens = already_computed
-        if i < num_running_prompts:
-            running_prompts.append(request)
-        else:
-            scheduler.waiting.append(request)
-    # Interleave decodes and part-prefilled prompts (keeping each group's order),
-    # as admissions over time would.
-    running = []
-    while running_decodes or running_prompts:
-        source = running_decodes if (running_decodes and (not running_prompts or rng.random() < 0.5)) \
-            else running_prompts
-        running.append(source.pop(0))
-    for request in running:
-        request.status = RequestStatus.RUNNING
-        blocks.allocate(request.request_id, request.num_computed_tokens)
-        scheduler.running.append(request)
-    plan = scheduler.schedule()
-    return {r.request_id: n for r, n in plan.scheduled}
-
-
 def _random_state(rng: random.Random):
     num_decoding = rng.choice([0, rng.randint(1, 8), rng.randint(8, 40)])
     num_prefilling = rng.choice([0, 1, rng.randint(1, 6)])
@@ -102,6 +57,11 @@ def _check_plan_invariants(plan, decoding, prefilling, chunk_size, token_budget)
     strangers = set(granted) - known
     if strangers:
         return f"your plan schedules unknown request ids {sorted(strangers)} ({state})"
+    decode_ids = set(decoding)
+    kinds = [rid in decode_ids for rid, _ in plan]
+    if True in kinds and False in kinds and kinds.index(False) < len(kinds) - 1 - kinds[::-1].index(True):
+        return (f"your plan {plan} puts a prompt before a decode: every decode gets its 1 token first, "
+                f"before any prompt, so the budget can never squeeze a decode out ({state})")
     total = sum(granted.values())
     if token_budget is not None and total > token_budget:
         return f"your plan {plan} holds {total} tokens, over token_budget={token_budget} ({state})"
@@ -139,17 +99,18 @@ def check_schedule_chunked(fn, seed: int | None = None, num_states: int = 300):
               ([7], [], 512, None)]
     states += [_random_state(rng) for _ in range(num_states)]
     for decoding, prefilling, chunk_size, token_budget in states:
-        plan = fn(list(decoding), list(prefilling), chunk_size, token_budget)
+        plan = learner_call(fn, list(decoding), list(prefilling), chunk_size, token_budget,
+                            forbidden=_SCHEDULER, why=_WHY)
         problem = _check_plan_invariants(plan, decoding, prefilling, chunk_size, token_budget)
         if problem:
             _fail(problem)
-        expected = engine_schedule_chunked(decoding, prefilling, chunk_size, token_budget, rng)
+        expected = _ref.engine_schedule_chunked(decoding, prefilling, chunk_size, token_budget, rng)
         if dict(plan) != expected:
             _fail(f"decoding={decoding}, prefilling={prefilling}, chunk_size={chunk_size}, "
                   f"token_budget={token_budget}: you plan {sorted(dict(plan).items())}, the engine's "
                   f"Scheduler plans {sorted(expected.items())}. Prompts should take as many tokens as the "
                   "step has left (min of chunk_size and the budget left after the decodes).")
-    print(f"check_schedule_chunked: correct on {len(states)} states, same plans as the engine's Scheduler")
+    return passed(f"check_schedule_chunked: correct on {len(states)} states, same plans as the engine's Scheduler")
 
 
 # ---------------------------------------------------------------------------
@@ -173,7 +134,7 @@ def check_stream_metrics(fn, seed: int | None = None):
         reference = RequestMetrics(arrival_time=arrival, first_token_time=times[0], token_times=list(times),
                                    finish_time=times[-1])
         expected = {"ttft": reference.ttft, "tpot": reference.tpot, "itl": reference.itl}
-        got = fn(arrival, list(times))
+        got = learner_call(fn, arrival, list(times), forbidden=_METRICS, why=_WHY)
         if not isinstance(got, dict) or not {"ttft", "tpot", "itl"} <= set(got):
             _fail(f"return a dict with keys 'ttft', 'tpot' and 'itl'; you returned {got!r}")
         shown = f"arrival_time={arrival:.3f}, token_times={[round(x, 3) for x in times]}"
@@ -190,47 +151,12 @@ def check_stream_metrics(fn, seed: int | None = None):
                 math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) for a, b in zip(itl, expected["itl"])):
             _fail(f"{shown}: itl={itl!r}, expected {[round(x, 6) for x in expected['itl']]}: one gap per pair "
                   "of consecutive tokens (the wait for the first token is TTFT, not an ITL)")
-    print(f"check_stream_metrics: correct on {len(cases)} streams, same as minillm.request.RequestMetrics")
+    return passed(f"check_stream_metrics: correct on {len(cases)} streams, same as minillm.request.RequestMetrics")
 
 
 # ---------------------------------------------------------------------------
 # 3. How many steps does a prompt need?
 # ---------------------------------------------------------------------------
-class _CountingExecutor:
-    """Stands in for the model: a fixed token, one time unit per step."""
-
-    def execute(self, plan, samples):
-        return {r.request_id: 0 for (r, _), s in zip(plan.scheduled, samples) if s}, 1.0
-
-    def release(self, request):
-        pass
-
-
-def engine_num_prefill_steps(prompt_len: int, chunk_size: int, num_decoding: int,
-                             token_budget: int | None) -> int:
-    """Run the engine (fake executor): streams decoding, then the prompt; count
-    the steps from its arrival to its first token."""
-    max_num_seqs = num_decoding + 1
-    if token_budget is not None and token_budget < max_num_seqs:
-        raise ValueError(f"token_budget={token_budget} < {max_num_seqs} running requests")
-    config = SchedulerConfig(policy="chunked", chunk_size=chunk_size, token_budget=token_budget,
-                             max_num_seqs=max_num_seqs)
-    block_size = 16
-    stream_len = prompt_len + 64
-    blocks = BlockManager(max_num_seqs * (stream_len // block_size + 2), block_size)
-    core = EngineCore(config, blocks, _CountingExecutor(), VirtualClock())
-    params = SamplingParams(max_tokens=stream_len, ignore_eos=True)
-    streams = [core.add_request(None, params, prompt_len=1) for _ in range(num_decoding)]
-    while not all(core.requests[i].output_token_ids for i in streams):
-        core.step()
-    rid = core.add_request(None, SamplingParams(max_tokens=1, ignore_eos=True), prompt_len=prompt_len)
-    steps = 0
-    while not core.requests[rid].output_token_ids:
-        core.step()
-        steps += 1
-    return steps
-
-
 def check_num_prefill_steps(fn, seed: int | None = None):
     """fn(prompt_len, chunk_size, num_decoding, token_budget) -> steps until the first token."""
     rng = random.Random(seed)
@@ -241,10 +167,13 @@ def check_num_prefill_steps(fn, seed: int | None = None):
         cases.append((rng.randint(1, 1500), rng.choice([16, 64, 128, rng.randint(1, 700)]), num_decoding,
                       token_budget))
     for prompt_len, chunk_size, num_decoding, token_budget in cases:
-        expected = engine_num_prefill_steps(prompt_len, chunk_size, num_decoding, token_budget)
-        got = fn(prompt_len, chunk_size, num_decoding, token_budget)
+        expected = _ref.engine_num_prefill_steps(prompt_len, chunk_size, num_decoding, token_budget)
+        got = learner_call(fn, prompt_len, chunk_size, num_decoding, token_budget, forbidden=_SCHEDULER, why=_WHY)
         if got != expected:
-            _fail(f"prompt_len={prompt_len}, chunk_size={chunk_size}, {num_decoding} streams decoding, "
+            hint = ""
+            if isinstance(got, int) and got == expected - 1:
+                hint = "One step short: the last, partial chunk needs a step of its own (round up). "
+            _fail(f"{hint}prompt_len={prompt_len}, chunk_size={chunk_size}, {num_decoding} streams decoding, "
                   f"token_budget={token_budget}: you predict {got!r} steps, the engine took {expected}. "
                   "Each step the decodes take their tokens first; the prompt gets what is left, at most chunk_size.")
-    print(f"check_num_prefill_steps: correct on {len(cases)} cases, same step counts as the engine")
+    return passed(f"check_num_prefill_steps: correct on {len(cases)} cases, same step counts as the engine")

@@ -12,18 +12,21 @@ import random
 from ..config import ModelConfig
 from ..sim.hardware import PROFILES, get_hardware
 from ..metrics import summarize
-from ..book.figures import OFF, pick_chunk_size
 from ..scheduler import SchedulerConfig
 from ..sim.simulator import simulate
-from ..sim.workloads import long_prompt_interference, poisson_mix
+from ..sim.workloads import poisson_mix
+from ._common import fail as _fail, forbid, learner_call, passed, spy
+from ._reference import ch07 as _ref
 
-__all__ = ["check_choose_chunk_size", "check_expected_ttft", "check_goodput", "check_decode_floor",
-           "engine_long_ttft"]
+_PICK = ("minillm.book.figures.pick_chunk_size", "minillm.book.figures.best_chunk_size",
+         "minillm.book.lab.pick_chunk_size", "minillm.book.lab.best_chunk_size",
+         "minillm.grading._reference.ch07.pick_chunk_size")
+_SIMULATE = ("minillm.sim.simulator.simulate", "minillm.engine.EngineCore.step",
+             "minillm.grading._reference.ch07.engine_long_ttft", "minillm.grading._reference.ch07.ttft_steps")
+_SUMMARY = ("minillm.metrics.summarize", "minillm.metrics.meets_slo", "minillm.sim.simulator.SimResult.summary")
+_WHY = "write it from the statement; the checker compares with the package for you."
 
-
-def _fail(message: str):
-    print("Not yet: " + message)
-    raise AssertionError(message)
+__all__ = ["check_choose_chunk_size", "check_expected_ttft", "check_goodput", "check_decode_floor"]
 
 
 def _close(a, b, rel=1e-9) -> bool:
@@ -36,7 +39,7 @@ def _close(a, b, rel=1e-9) -> bool:
 def _random_rows(rng: random.Random):
     sizes = sorted(rng.sample([16, 32, 64, 128, 256, 512, 1024, 2048, 4096], rng.randint(1, 9)))
     rows = []
-    for c in sizes + ([OFF] if rng.random() < 0.7 else []):
+    for c in sizes + ([_ref.OFF] if rng.random() < 0.7 else []):
         rows.append({"chunk_size": c, "long_ttft_s": rng.uniform(0.05, 2.0),
                      "itl_max_s": rng.uniform(0.005, 0.3)})
     if rng.random() < 0.3 and len(rows) > 1:                 # a tie in TTFT
@@ -48,36 +51,57 @@ def _random_rows(rng: random.Random):
 def check_choose_chunk_size(choose_chunk_size, num_cases: int = 300, seed: int | None = None):
     """choose_chunk_size(rows, itl_slo_ms) -> chunk size, "off" or None."""
     rng = random.Random(seed)
-    for _ in range(num_cases):
-        rows = _random_rows(rng)
-        slo_ms = rng.choice([rng.uniform(1, 400), min(r["itl_max_s"] for r in rows) * 1e3])
-        expected = pick_chunk_size(rows, slo_ms)
-        got = choose_chunk_size([dict(r) for r in rows], slo_ms)
+    # Hand-picked first: a TTFT tie (smaller chunk wins, "off" is the largest), an SLO
+    # nobody meets, no rows at all, and a 0 ms SLO (the lab's own helper refuses it).
+    tie = [{"chunk_size": "off", "long_ttft_s": 0.5, "itl_max_s": 0.01},
+           {"chunk_size": 512, "long_ttft_s": 0.5, "itl_max_s": 0.01},
+           {"chunk_size": 256, "long_ttft_s": 0.6, "itl_max_s": 0.005}]
+    fixed = [(tie, 20.0), (tie, 7.0), (tie, 1.0), ([], 50.0), (tie, 0.0)]
+    for i in range(num_cases + len(fixed)):
+        rows, slo_ms = fixed[i] if i < len(fixed) else (_random_rows(rng), None)
+        if slo_ms is None:
+            slo_ms = rng.choice([rng.uniform(1, 400), min(r["itl_max_s"] for r in rows) * 1e3])
+        expected = _ref.pick_chunk_size(rows, slo_ms)
+        got = learner_call(choose_chunk_size, [dict(r) for r in rows], slo_ms, forbidden=_PICK, why=_WHY)
         if got != expected:
             table = "; ".join(f"{r['chunk_size']}: TTFT {r['long_ttft_s'] * 1e3:.0f} ms, worst gap "
                               f"{r['itl_max_s'] * 1e3:.1f} ms" for r in rows)
-            _fail(f"for an ITL SLO of {slo_ms:.1f} ms and rows [{table}] you chose {got!r}, "
+            meeting = [r for r in rows if r["itl_max_s"] * 1e3 <= slo_ms]
+            hint = ""
+            if isinstance(got, dict):
+                hint = "Return the row's chunk_size, not the row. "
+            elif meeting and got == min(meeting, key=lambda r: r["itl_max_s"])["chunk_size"]:
+                hint = "You pick the smallest gap; among the rows that meet the SLO, pick the lowest TTFT. "
+            elif meeting and got == min(rows, key=lambda r: r["long_ttft_s"])["chunk_size"]:
+                hint = "Your choice has the lowest TTFT but its worst gap misses the SLO: filter first. "
+            _fail(f"{hint}For an ITL SLO of {slo_ms:.1f} ms and rows [{table}] you chose {got!r}, "
                   f"expected {expected!r} (lowest TTFT among rows meeting the SLO; ties: smaller chunk; "
                   f"None if no row meets it)")
-    print(f"choose_chunk_size: {num_cases} random sweeps agree with the lab")
+    return passed(f"choose_chunk_size: {num_cases} random sweeps agree with the lab")
 
 
 # ---------------------------------------------------------------------------
 # 2. TTFT from the steps: sum the cost model over the chunk steps
 # ---------------------------------------------------------------------------
-WARMUP_TOKENS = 4
-
-
-def engine_long_ttft(model, hardware, prompt_len, chunk_size, num_decoders, decoder_context):
-    """The long prompt's TTFT when the simulator serves it: num_decoders streams, each with
-    decoder_context tokens in its KV cache when the prompt's first chunk runs (their prompts
-    must fit in one step together: num_decoders * (decoder_context - 3) <= chunk_size)."""
-    workload = long_prompt_interference(
-        prompt_len=prompt_len, num_decoders=num_decoders, warmup_tokens=WARMUP_TOKENS,
-        decoder_prompt_len=decoder_context - WARMUP_TOKENS + 1, long_output_len=1)
-    res = simulate(workload, SchedulerConfig(policy="chunked", chunk_size=chunk_size),
-                   model=model, hardware=hardware)
-    return next(o for o in res.outputs if o.tag == "long").metrics.ttft
+def _diagnose_steps(case, calls):
+    """Name the first step the learner priced differently from the simulator's."""
+    model, hw, length, chunk, n, ctx = case
+    want = _ref.ttft_steps(length, chunk, n, ctx)
+    given = [list(args[1]) if len(args) > 1 else list(kwargs.get("requests", kwargs.get("step", [])))
+             for args, kwargs in calls]
+    where = f"{model} on {hw}, a {length}-token prompt in chunks of {chunk} with {n} streams at {ctx} cached tokens"
+    if not given:
+        return
+    if len(given) != len(want):
+        _fail(f"{where}: you call predict_step {len(given)} times; the prefill takes ceil({length} / {chunk}) = "
+              f"{len(want)} steps, one call each")
+    for k, (mine, theirs) in enumerate(zip(given, want)):
+        mine = [tuple(r) if len(r) == 3 else (*r, True) for r in mine]
+        if sorted(mine) != sorted(theirs):
+            _fail(f"{where}: step {k} should be {theirs[:2]}{' + ...' if len(theirs) > 2 else ''} "
+                  f"({len(theirs)} requests), you pass {mine[:2]}{' + ...' if len(mine) > 2 else ''} "
+                  f"({len(mine)} requests). The chunk is (tokens, tokens cached before it, is it the last?), "
+                  "each stream (1, context + k, True)")
 
 
 def check_expected_ttft(expected_ttft, num_cases: int = 6, seed: int | None = None):
@@ -87,20 +111,23 @@ def check_expected_ttft(expected_ttft, num_cases: int = 6, seed: int | None = No
     while len(cases) < num_cases:
         chunk, n = rng.choice([16, 64, 100, 256, 512, 1000, 2048]), rng.randint(0, 8)
         # the streams' prompts fit in one first step, so all streams are in step when the prompt arrives
-        ctx = rng.randint(WARMUP_TOKENS, chunk // max(n, 1) + WARMUP_TOKENS - 1)
+        ctx = rng.randint(_ref.WARMUP_TOKENS, chunk // max(n, 1) + _ref.WARMUP_TOKENS - 1)
         cases.append((rng.choice(["llama-3-8b", "llama-2-7b", "qwen3-0.6b"]), rng.choice(sorted(PROFILES)),
                       rng.randint(100, 3000), chunk, n, ctx))
     for case in cases:
-        expected = engine_long_ttft(*case)
-        got = expected_ttft(*case)
+        expected = _ref.engine_long_ttft(*case)
+        with spy(expected_ttft, "minillm.sim.simulator.predict_step") as calls, \
+                forbid(expected_ttft, *_SIMULATE, why="sum predict_step over the steps you build."):
+            got = expected_ttft(*case)
         if not _close(got, expected, 1e-9):
+            _diagnose_steps(case, calls)
             model, hw, length, chunk, n, ctx = case
             steps = -(-length // chunk)
             _fail(f"{model} on {hw}, a {length}-token prompt in chunks of {chunk} ({steps} steps) with {n} "
                   f"streams at {ctx} cached tokens: you predict {got!r} s, the simulator measures "
                   f"{expected:.6f} s. Each step is [(chunk tokens, tokens already cached, is it the last "
                   f"chunk?)] + [(1, ctx + k, True)] * n at step k; sum predict_step(...).total")
-    print(f"expected_ttft: {len(cases)} cases match the simulator to 1e-9")
+    return passed(f"expected_ttft: {len(cases)} cases match the simulator to 1e-9")
 
 
 # ---------------------------------------------------------------------------
@@ -116,27 +143,27 @@ def check_goodput(goodput, num_cases: int = 4, seed: int | None = None):
         outputs = simulate(load, sched).outputs
         ttft_slo_s, tpot_slo_s = rng.uniform(0.05, 1.0), rng.uniform(0.01, 0.05)
         expected = summarize(outputs, ttft_slo_s, tpot_slo_s)["goodput_req_s"]
-        got = goodput(outputs, ttft_slo_s, tpot_slo_s)
+        got = learner_call(goodput, outputs, ttft_slo_s, tpot_slo_s, forbidden=_SUMMARY, why=_WHY)
         if not _close(got, expected, 1e-9):
             _fail(f"{len(outputs)} requests, TTFT SLO {ttft_slo_s:.3f} s, TPOT SLO {tpot_slo_s:.3f} s: you "
                   f"return {got!r} req/s, expected {expected:.4f} (requests meeting both SLOs, divided by the "
                   f"time from the first arrival to the last finish; a 1-token request has no TPOT and "
                   f"meets any TPOT SLO)")
-    print(f"goodput: {num_cases} random loads agree with metrics.summarize")
+    return passed(f"goodput: {num_cases} random loads agree with metrics.summarize")
 
 
 # ---------------------------------------------------------------------------
 # 4. The decode floor
 # ---------------------------------------------------------------------------
-def check_decode_floor(decode_floor_s):
+def check_decode_floor(decode_floor_s, seed: int | None = None):
     """decode_floor_s(cfg, hardware, dtype_bytes) -> seconds to stream every weight once."""
     for name in ("llama-2-7b", "llama-3-8b", "qwen3-0.6b", "mistral-7b"):
         for hw_name in sorted(PROFILES):
             for dtype_bytes in (1, 2):
                 cfg, hw = ModelConfig.preset(name), get_hardware(hw_name)
                 expected = cfg.num_parameters() * dtype_bytes / hw.mem_bandwidth_bytes_s
-                got = decode_floor_s(cfg, hw, dtype_bytes)
+                got = learner_call(decode_floor_s, cfg, hw, dtype_bytes)
                 if not _close(got, expected, 1e-9):
                     _fail(f"{name} on {hw_name} at {dtype_bytes} bytes per weight: you return {got!r} s, "
                           f"expected {expected:.6f} s (all parameters x bytes, over the datasheet bandwidth)")
-    print("decode_floor_s: matches for 4 models x 4 GPUs x 2 dtypes")
+    return passed("decode_floor_s: matches for 4 models x 4 GPUs x 2 dtypes")

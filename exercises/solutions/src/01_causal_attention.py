@@ -21,8 +21,14 @@ import minillm.grading as ex
 # where query `i` may attend to key `j`. The queries are the *last* `q_len` of
 # the `k_len` positions (a chunk whose prefix is already cached), so query `i`
 # sits at position `k_len - q_len + i` and sees every key up to and including
-# that position: the mask is aligned bottom-right. Hint: `torch.arange` and a
-# comparison with broadcasting.
+# that position: the mask is aligned bottom-right.
+#
+# <details><summary>Hint</summary>
+#
+# `torch.arange(q_len)[:, None] + (k_len - q_len)` is each query's position, `torch.arange(k_len)[None, :]` each key's;
+# compare them with `<=` and broadcasting gives the whole `[q_len, k_len]` mask.
+#
+# </details>
 
 # %%
 def causal_mask(q_len, k_len):
@@ -34,7 +40,8 @@ def causal_mask(q_len, k_len):
 
 
 # %%
-ex.check_causal_mask(causal_mask)
+ex.check_causal_mask(causal_mask)  # points: 1
+
 
 # %% [markdown]
 # ## 2. Causal attention with grouped-query heads
@@ -43,6 +50,14 @@ ex.check_causal_mask(causal_mask)
 # `m >= n` and `Hq` a multiple of `Hkv` (grouped-query attention: query head
 # `h` uses KV head `h // (Hq // Hkv)`). Return `softmax(q k^T / sqrt(D))` over
 # the allowed keys, times `v`: shape `[n, Hq, D]`. Use your mask from task 1.
+#
+# <details><summary>Hint</summary>
+#
+# Expand K and V to `Hq` heads with `repeat_interleave(group, dim=1)`, compute the scores with
+# `torch.einsum("nhd,mhd->hnm", q, k) / sqrt(D)`, set the masked scores to `-inf` with
+# `masked_fill(~mask, float("-inf"))`, softmax over the keys, then weight `v`.
+#
+# </details>
 
 # %%
 def attention(q, k, v):
@@ -58,7 +73,8 @@ def attention(q, k, v):
 
 
 # %%
-ex.check_attention(attention)
+ex.check_attention(attention)  # points: 2
+
 
 # %% [markdown]
 # ## 3. Merging two partial attentions
@@ -67,7 +83,14 @@ ex.check_attention(attention)
 # each row's log-sum-exp of the scores (`lse_a`, `lse_b`: `[n, H]`, with the
 # outputs `out_a`, `out_b`: `[n, H, D]`). Return `(out, lse)`: the attention
 # over A and B together, and its log-sum-exp. No keys, no values: only these
-# four tensors. Hint: `torch.logaddexp`.
+# four tensors.
+#
+# <details><summary>Hint</summary>
+#
+# `lse = logaddexp(lse_a, lse_b)` is the log of the new normaliser. Each part's output was
+# normalised by `exp(lse_part)`: rescale it by `exp(lse_part - lse)` and add the two.
+#
+# </details>
 
 # %%
 def merge(out_a, lse_a, out_b, lse_b):
@@ -79,7 +102,8 @@ def merge(out_a, lse_a, out_b, lse_b):
 
 
 # %%
-ex.check_merge_attention(merge)
+ex.check_merge_attention(merge)  # points: 3
+
 
 # %% [markdown]
 # Done: the mask, the attention and the merge are the three pieces every

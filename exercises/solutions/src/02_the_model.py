@@ -18,6 +18,12 @@ import minillm.grading as ex
 # `rms_norm(x, weight, eps)`: divide each row of `x: [T, d]` by the root of
 # the mean of its squares (plus `eps` inside the root), then multiply by
 # `weight: [d]`. No mean is subtracted, unlike LayerNorm.
+#
+# <details><summary>Hint</summary>
+#
+# `x.pow(2).mean(-1, keepdim=True)` is one value per row; `torch.rsqrt(... + eps)` puts eps inside the root.
+#
+# </details>
 
 # %%
 def rms_norm(x, weight, eps):
@@ -27,7 +33,8 @@ def rms_norm(x, weight, eps):
 
 
 # %%
-ex.check_rms_norm(rms_norm)
+ex.check_rms_norm(rms_norm)  # points: 1
+
 
 # %% [markdown]
 # ## 2. RoPE
@@ -37,6 +44,14 @@ ex.check_rms_norm(rms_norm)
 # Face's "rotate half" layout) and rotate each pair by the angle
 # `position * theta ** (-2i / D)`, for `i` in `0 .. D/2 - 1`. Compute the
 # angles in float64.
+#
+# <details><summary>Hint</summary>
+#
+# `inv_freq = theta ** (-torch.arange(D // 2) * 2 / D)` (float64), `angles = positions[:, None] * inv_freq`,
+# then with `x1, x2 = x[..., :D//2], x[..., D//2:]` the rotated halves are `x1 cos - x2 sin` and
+# `x2 cos + x1 sin`; add a head axis to cos and sin (`[:, None, :]`).
+#
+# </details>
 
 # %%
 def rope(x, positions, theta):
@@ -51,7 +66,8 @@ def rope(x, positions, theta):
 
 
 # %%
-ex.check_rope(rope)
+ex.check_rope(rope)  # points: 3
+
 
 # %% [markdown]
 # ## 3. Grouped-query attention: sharing KV heads
@@ -59,6 +75,13 @@ ex.check_rope(rope)
 # `repeat_kv(k, num_heads)`: `k` is `[m, Hkv, D]`; return `[m, num_heads, D]`
 # where query head `h` gets KV head `h // (num_heads // Hkv)`. Mind the order:
 # neighbouring query heads share a KV head.
+#
+# <details><summary>Hint</summary>
+#
+# `torch.repeat_interleave` repeats each KV head `group` times in a row (0,0,1,1);
+# `Tensor.repeat` would tile them (0,1,0,1).
+#
+# </details>
 
 # %%
 def repeat_kv(k, num_heads):
@@ -68,7 +91,8 @@ def repeat_kv(k, num_heads):
 
 
 # %%
-ex.check_repeat_kv(repeat_kv)
+ex.check_repeat_kv(repeat_kv)  # points: 1
+
 
 # %% [markdown]
 # ## 4. The SwiGLU MLP
@@ -76,6 +100,12 @@ ex.check_repeat_kv(repeat_kv)
 # `swiglu(x, gate_w, up_w, down_w)`: `x: [T, d]`, `gate_w, up_w: [f, d]`,
 # `down_w: [d, f]` (PyTorch's `nn.Linear` layout: out x in). Return
 # `down(silu(gate(x)) * up(x))`.
+#
+# <details><summary>Hint</summary>
+#
+# `nn.Linear` computes `x @ W.T`. SiLU goes on the gate projection only: `F.silu(x @ gate_w.T) * (x @ up_w.T)`.
+#
+# </details>
 
 # %%
 def swiglu(x, gate_w, up_w, down_w):
@@ -85,7 +115,8 @@ def swiglu(x, gate_w, up_w, down_w):
 
 
 # %%
-ex.check_swiglu(swiglu)
+ex.check_swiglu(swiglu)  # points: 2
+
 
 # %% [markdown]
 # Done: with these four and your attention from exercises 1 you have every

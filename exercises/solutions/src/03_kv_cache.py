@@ -15,6 +15,12 @@ from minillm.config import ModelConfig
 #
 # `blocks_needed(num_tokens, block_size)`: how many blocks a request of `num_tokens` tokens
 # occupies. Use integer arithmetic only (no floats: `num_tokens` can be large).
+#
+# <details><summary>Hint</summary>
+#
+# The ceiling of a division in integers: `-(-a // b)`, or `(a + b - 1) // b`.
+#
+# </details>
 
 # %%
 def blocks_needed(num_tokens, block_size):
@@ -23,7 +29,7 @@ def blocks_needed(num_tokens, block_size):
     ### END SOLUTION
 
 # %%
-ex.check_blocks_needed(blocks_needed)
+ex.check_blocks_needed(blocks_needed)  # points: 1
 assert blocks_needed(8192, 16) == 512
 
 # %% [markdown]
@@ -32,6 +38,12 @@ assert blocks_needed(8192, 16) == 512
 # `slot_mapping(block_table, start, end, block_size)`: the flat cache slot of each position
 # in `[start, end)`, as a list. Token `p` lives in block `block_table[p // block_size]`,
 # at offset `p % block_size`; the flat slot is `block * block_size + offset`.
+#
+# <details><summary>Hint</summary>
+#
+# Loop over `range(start, end)`; `block_table[p // block_size] * block_size + p % block_size`.
+#
+# </details>
 
 # %%
 def slot_mapping(block_table, start, end, block_size):
@@ -40,7 +52,7 @@ def slot_mapping(block_table, start, end, block_size):
     ### END SOLUTION
 
 # %%
-ex.check_slot_mapping(slot_mapping)
+ex.check_slot_mapping(slot_mapping)  # points: 1
 assert slot_mapping([7, 2], 2, 6, 4) == [30, 31, 8, 9]
 
 # %% [markdown]
@@ -49,7 +61,13 @@ assert slot_mapping([7, 2], 2, 6, 4) == [30, 31, 8, 9]
 # `gather_kv(k_cache, block_table, num_tokens)`: `k_cache` has shape
 # `[num_blocks, block_size, num_kv_heads, head_dim]`; return the request's first
 # `num_tokens` keys as one contiguous tensor `[num_tokens, num_kv_heads, head_dim]`.
-# Hint: index the blocks with the table, then merge the first two dimensions.
+#
+# <details><summary>Hint</summary>
+#
+# `k_cache[torch.as_tensor(table)]` is `[num_blocks_used, block_size, Hkv, D]`;
+# `.reshape(-1, Hkv, D)` puts the blocks end to end, then keep the first `num_tokens` rows.
+#
+# </details>
 
 # %%
 def gather_kv(k_cache, block_table, num_tokens):
@@ -60,7 +78,8 @@ def gather_kv(k_cache, block_table, num_tokens):
     ### END SOLUTION
 
 # %%
-ex.check_gather_kv(gather_kv)
+ex.check_gather_kv(gather_kv)  # points: 2
+
 
 # %% [markdown]
 # ## 4. How many blocks fit in a memory budget?
@@ -69,6 +88,14 @@ ex.check_gather_kv(gather_kv)
 # of `block_size` tokens that fit in `num_bytes` of KV memory for the model `cfg`. Then use
 # it: how many tokens of Llama-3-8B's bf16 KV fit in the 64 GB an 80 GB GPU has left after
 # the 16 GB of weights?
+#
+# <details><summary>Hint</summary>
+#
+# One token stores K and V in every layer for every KV head: `2 * layers * kv_heads * head_dim * dtype_bytes`
+# bytes. A block holds `block_size` of them; keep whole blocks with `//`. Use only `cfg.num_layers`,
+# `cfg.num_kv_heads` and `cfg.head_dim`.
+#
+# </details>
 
 # %%
 def blocks_that_fit(cfg, num_bytes, block_size, dtype_bytes):
@@ -78,7 +105,7 @@ def blocks_that_fit(cfg, num_bytes, block_size, dtype_bytes):
     ### END SOLUTION
 
 # %%
-ex.check_blocks_that_fit(blocks_that_fit)
+ex.check_blocks_that_fit(blocks_that_fit)  # points: 2
 llama = ModelConfig.preset("llama-3-8b")
 tokens = blocks_that_fit(llama, 64 * 10**9, 16, 2) * 16
 print(f"{tokens:,} tokens, {tokens // 8192} sequences of 8192 tokens")

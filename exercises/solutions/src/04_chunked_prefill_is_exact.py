@@ -19,6 +19,12 @@ from minillm.kv_cache import BlockManager, PagedKVCache
 # chunk may attend to key `j`. The chunk's queries are the **last** `q_len` of the `k_len`
 # positions (the keys before them are the cached prefix). Do not call
 # `minillm.attention.causal_mask`: build it from `torch.arange`.
+#
+# <details><summary>Hint</summary>
+#
+# Query `i` sits at position `k_len - q_len + i`; key `j` is visible when `j <=` that position.
+#
+# </details>
 
 # %%
 def chunk_mask(q_len, k_len):
@@ -28,7 +34,7 @@ def chunk_mask(q_len, k_len):
     ### END SOLUTION
 
 # %%
-ex.check_chunk_mask(chunk_mask)
+ex.check_chunk_mask(chunk_mask)  # points: 1
 print(chunk_mask(3, 8).int())
 
 # %% [markdown]
@@ -36,6 +42,12 @@ print(chunk_mask(3, 8).int())
 #
 # `chunk_bounds(num_tokens, chunk_size)`: the list of `(start, end)` pairs that split
 # `[0, num_tokens)` into chunks of `chunk_size` tokens, in order; the last may be shorter.
+#
+# <details><summary>Hint</summary>
+#
+# `range(0, num_tokens, chunk_size)` gives the starts; each end is `min(start + chunk_size, num_tokens)`.
+#
+# </details>
 
 # %%
 def chunk_bounds(num_tokens, chunk_size):
@@ -44,7 +56,7 @@ def chunk_bounds(num_tokens, chunk_size):
     ### END SOLUTION
 
 # %%
-ex.check_chunk_bounds(chunk_bounds)
+ex.check_chunk_bounds(chunk_bounds)  # points: 1
 assert chunk_bounds(10, 4) == [(0, 4), (4, 8), (8, 10)]
 
 # %% [markdown]
@@ -58,6 +70,15 @@ assert chunk_bounds(10, 4) == [(0, 4), (4, 8), (8, 10)]
 # `PagedKVCache.for_model(model.cfg, num_blocks, block_size, model.dtype, model.device)`
 # first; `kv_cache.gather(block_table, T)` reads the result back. The checker compares with
 # `minillm.prefill_kv` in float64 and, when you are off, says at which layer and position.
+#
+# <details><summary>Hint</summary>
+#
+# Allocate the whole prompt once: `table = blocks.allocate("prompt", T)`. For each `(start, end)` from
+# `chunk_bounds`: `AttentionBatch([end - start], [start], [table], block_size,
+# torch.tensor(blocks.slot_mapping("prompt", start, end)))`, positions `torch.arange(start, end)`,
+# and one `model(...)` call. The checker counts your forward passes: one per chunk.
+#
+# </details>
 
 # %%
 def chunked_prefill(model, token_ids, chunk_size, block_size=16):
@@ -76,7 +97,8 @@ def chunked_prefill(model, token_ids, chunk_size, block_size=16):
     ### END SOLUTION
 
 # %%
-ex.check_chunked_prefill(chunked_prefill)
+ex.check_chunked_prefill(chunked_prefill)  # points: 3
+
 
 # %% [markdown]
 # ## 4. Which bug is it?
@@ -86,6 +108,13 @@ ex.check_chunked_prefill(chunked_prefill)
 # `minillm.prefill_kv`. Return the list of per-layer errors from `position_bug_errors`.
 # Which layer is already wrong, and why does that point at the positions rather than the
 # mask?
+#
+# <details><summary>Hint</summary>
+#
+# Copy `chunked_prefill` and change only the positions; then compare
+# `cache.gather(table, T)[layer]` with `minillm.prefill_kv(model, token_ids)[0][layer]` layer by layer.
+#
+# </details>
 
 # %%
 def position_bug_errors(model, token_ids, chunk_size, block_size=16):
@@ -109,7 +138,7 @@ cfg = minillm.ModelConfig(name="ex", vocab_size=64, hidden_size=64, intermediate
                           num_layers=2, num_heads=4, num_kv_heads=2, max_position=256)
 model = minillm.build_model(cfg, seed=0, dtype=torch.float64)
 tokens = torch.randint(0, 64, (60,), generator=torch.Generator().manual_seed(0)).tolist()
-errors = position_bug_errors(model, tokens, chunk_size=16)
+errors = position_bug_errors(model, tokens, chunk_size=16)  # points: 2
 print("max KV error per layer:", [f"{e:.1e}" for e in errors])
 assert errors[0] > 1e-3, "layer 0's keys are stored after RoPE, so wrong positions show there"
 assert position_bug_errors(model, tokens, chunk_size=60)[0] < 1e-12, "one chunk hides the bug"

@@ -30,6 +30,14 @@ from minillm.request import RequestMetrics
 # exceeded, at most `chunk_size` prefill tokens, every decode gets its token, first come
 # first served, nobody gets more than it needs) on random states, then compares your plan
 # with what `Scheduler._schedule_chunked` decides on the same state.
+#
+# <details><summary>Hint</summary>
+#
+# Start the plan with `(rid, 1)` for every decode. The prompts share
+# `min(chunk_size, token_budget - len(decoding))` tokens (just `chunk_size` without a budget):
+# walk them in order, give each `min(tokens_left, what is left)`, stop when nothing is left.
+#
+# </details>
 
 # %%
 def schedule_chunked(decoding, prefilling, chunk_size, token_budget):
@@ -48,7 +56,7 @@ def schedule_chunked(decoding, prefilling, chunk_size, token_budget):
     ### END SOLUTION
 
 # %%
-ex.check_schedule_chunked(schedule_chunked)
+ex.check_schedule_chunked(schedule_chunked)  # points: 2
 # The articles' example: three streams decoding, a 2048-token prompt, chunks of 512.
 assert schedule_chunked([1, 2, 3], [(4, 2048)], 512, None) == [(1, 1), (2, 1), (3, 1), (4, 512)]
 
@@ -60,6 +68,13 @@ assert schedule_chunked([1, 2, 3], [(4, 2048)], 512, None) == [(1, 1), (2, 1), (
 # `None` with a single token) and `"itl"` (the list of gaps between consecutive tokens),
 # all in seconds, with the serving benchmarks' conventions that `RequestMetrics` follows.
 # Then use it on a stream with one stall.
+#
+# <details><summary>Hint</summary>
+#
+# `itl` pairs each token with the next: `zip(token_times, token_times[1:])`. TPOT averages the gaps
+# after the first token: `(last - first) / (n - 1)`, and there is none for a single token.
+#
+# </details>
 
 # %%
 def stream_metrics(arrival_time, token_times):
@@ -70,7 +85,7 @@ def stream_metrics(arrival_time, token_times):
     ### END SOLUTION
 
 # %%
-ex.check_stream_metrics(stream_metrics)
+ex.check_stream_metrics(stream_metrics)  # points: 1
 # 41 tokens 5 ms apart, except one 205 ms stall: the articles' "TPOT jumps to 205 ms".
 gaps = [0.005] * 20 + [0.205] + [0.005] * 19
 times = [0.1 + sum(gaps[:i]) for i in range(len(gaps) + 1)]
@@ -90,6 +105,14 @@ assert stalled["tpot"] < 0.011 and max(stalled["itl"]) > 0.2
 # streams keep decoding all along; `token_budget` is `None` or at least
 # `num_decoding + 1`.) The checker runs the engine's step loop with a fake model and
 # counts.
+#
+# <details><summary>Hint</summary>
+#
+# Every step the decodes take `num_decoding` tokens of the budget first; the prompt gets
+# `min(chunk_size, token_budget - num_decoding)` per step (just `chunk_size` without a budget).
+# Count the steps with a ceiling division.
+#
+# </details>
 
 # %%
 def num_prefill_steps(prompt_len, chunk_size, num_decoding, token_budget):
@@ -99,7 +122,7 @@ def num_prefill_steps(prompt_len, chunk_size, num_decoding, token_budget):
     ### END SOLUTION
 
 # %%
-ex.check_num_prefill_steps(num_prefill_steps)
+ex.check_num_prefill_steps(num_prefill_steps)  # points: 2
 # vLLM-style: one budget for everything. 64 streams and a 512-token budget leave 448
 # prefill tokens per step, so an 8192-token prompt takes 19 steps, not 16.
 assert num_prefill_steps(8192, 512, 64, 512) == 19

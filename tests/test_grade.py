@@ -1,0 +1,111 @@
+"""`python -m minillm grade`: a solution notebook gets full marks, a learner copy none
+("not attempted", not a crash), a partly done copy the points of what it got right and
+the first line of the checker's message where it went wrong; exit code 0 throughout."""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from minillm.grading import grade
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = "06_the_scheduler.ipynb"          # the fastest exercise notebook: no model to run
+SOURCES = sorted((ROOT / "exercises" / "solutions" / "src").glob("*.py"))
+
+
+@pytest.fixture(scope="module")
+def kernel_env():
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), old]))
+    yield
+    if old is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = old
+
+
+def _partly_done(tmp_path: Path) -> Path:
+    """The learner copy with task 1 solved, task 2 wrong-but-close (TPOT over every token), task 3 left."""
+    solution = nbformat.read(ROOT / "exercises" / "solutions" / NOTEBOOK, as_version=4)
+    learner = nbformat.read(ROOT / "exercises" / NOTEBOOK, as_version=4)
+    for mine, theirs in zip(learner.cells, solution.cells):
+        if "def schedule_chunked(" in mine.source:
+            mine.source = theirs.source
+        if "def stream_metrics(" in mine.source:
+            mine.source = theirs.source.replace(
+                "(token_times[-1] - token_times[0]) / (len(token_times) - 1)",
+                "(token_times[-1] - arrival_time) / len(token_times)")
+    path = tmp_path / NOTEBOOK
+    nbformat.write(learner, path)
+    return path
+
+
+def test_grade_a_solution_a_learner_copy_and_a_partly_done_copy(tmp_path, kernel_env):
+    solved = grade.grade_notebook(ROOT / "exercises" / "solutions" / NOTEBOOK)
+    assert [r.status for r in solved] == ["passed"] * 3
+    assert sum(r.points for r in solved) == sum(r.max_points for r in solved) == 5
+
+    untouched = grade.grade_notebook(ROOT / "exercises" / NOTEBOOK)
+    assert [r.status for r in untouched] == ["not attempted"] * 3
+    assert sum(r.points for r in untouched) == 0
+
+    partly = grade.grade_notebook(_partly_done(tmp_path))
+    assert [r.status for r in partly] == ["passed", "failed", "not attempted"]
+    assert [r.points for r in partly] == [2, 0, 0]
+    assert "AFTER the first token" in partly[1].message and "\n" not in partly[1].message
+    table = grade.format_table(partly)
+    assert "1. The chunked policy as a pure function" in table and "not attempted" in table
+    assert re.search(r"total\s+2/5", table)
+
+
+def test_grade_command_exits_0_on_a_failing_notebook_and_2_when_misused(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    run = lambda *args: subprocess.run([sys.executable, "-m", "minillm", "grade", *args], cwd=ROOT, env=env,
+                                       capture_output=True, text=True, timeout=600)
+    # a two-task notebook: one passes, one is a stub (the real ones are graded above)
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("## 1. Warm-up"), nbformat.v4.new_code_cell("assert 1 + 1 == 2  # points: 1"),
+        nbformat.v4.new_markdown_cell("## 2. Left to do"),
+        nbformat.v4.new_code_cell("def f():\n    raise NotImplementedError\nf()  # points: 2")])
+    nbformat.write(nb, tmp_path / "tiny.ipynb")
+    done = run(str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "1. Warm-up" in done.stdout and "not attempted" in done.stdout
+    assert re.search(r"total\s+1/3", done.stdout), done.stdout
+    (tmp_path / "tiny.ipynb").unlink()
+    # misuse, in process (each `python -m minillm` start imports torch)
+    assert grade.main([str(tmp_path / "missing.ipynb")]) == 2
+    assert grade.main([str(ROOT / "README.md")]) == 2
+    assert grade.main([str(tmp_path)]) == 2                # a folder without notebooks
+    assert grade.main(["--frobnicate"]) == 2
+    assert grade.main(["--help"]) == 0
+
+
+@pytest.mark.parametrize("src", SOURCES, ids=lambda p: p.stem)
+def test_every_task_is_graded_with_nbgrader_metadata(src):
+    """Each solution cell has a graded cell after it; grade ids are unique; the learner copy keeps them."""
+    for path in (ROOT / "exercises" / "solutions" / f"{src.stem}.ipynb", ROOT / "exercises" / f"{src.stem}.ipynb"):
+        nb = nbformat.read(path, as_version=4)
+        metas = [c.metadata.get("nbgrader") for c in nb.cells if c.cell_type == "code" and c.metadata.get("nbgrader")]
+        solutions = [m for m in metas if m["solution"]]
+        tests = [m for m in metas if m["grade"]]
+        assert len(solutions) >= 3 and len(tests) == len(solutions), f"{path.name}: {len(solutions)} tasks, {len(tests)} graded"
+        ids = [m["grade_id"] for m in metas]
+        assert len(ids) == len(set(ids)), f"{path.name}: duplicate grade ids {ids}"
+        assert all(m["points"] >= 1 for m in tests)
+        assert [c for c in grade.graded_cells(nb)] and len(grade.graded_cells(nb)) == len(tests)
+
+
+@pytest.mark.parametrize("src", SOURCES, ids=lambda p: p.stem)
+def test_every_task_has_a_collapsed_hint_and_the_notebook_imports_no_answers(src):
+    text = src.read_text()
+    tasks = re.findall(r"^# ## \d+\.", text, re.M)
+    assert len(tasks) >= 3
+    assert text.count("<details><summary>Hint</summary>") >= len(tasks), f"{src.name}: a task has no hint"
+    imports = "\n".join(line for line in text.splitlines() if re.match(r"\s*(import|from) ", line))
+    for forbidden in ("minillm.book", "_reference", "minillm.sim.accounting", "figures", "plots"):
+        assert forbidden not in imports, f"{src.name} imports {forbidden}: the exercise's answer lives there"

@@ -1,0 +1,488 @@
+"""Every checker passes a correct answer and fails every shortcut with a helpful message.
+
+For each exercise, a correct function and a list of shortcut attempts: the
+engine's own function, skipping the method, a hard-coded value for the default
+inputs, and wrong-but-close variants. Each attempt must fail with "Not yet"
+and a message that names the likely mistake (the `says` fragment).
+"""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import minillm
+import minillm.grading as ex
+from minillm.attention import AttentionBatch, causal_mask, merge_attention, reference_attention
+from minillm.config import ModelConfig
+from minillm.kv_cache import BlockManager, PagedKVCache, blocks_for, blocks_that_fit
+from minillm.model import MLP, RMSNorm, apply_rope, rope_cos_sin
+from minillm.request import RequestMetrics
+from minillm.sim.accounting import step_cost
+from minillm.sim.hardware import get_hardware
+from minillm.sim.simulator import predict_step
+
+
+# ---- correct answers (the tests' own; the notebooks have theirs) --------------------------
+def mask(q_len, k_len):
+    return torch.arange(k_len)[None, :] <= torch.arange(q_len)[:, None] + (k_len - q_len)
+
+
+def attention(q, k, v):
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scores = torch.einsum("nhd,mhd->hnm", q, k) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~mask(q.shape[0], k.shape[0]), float("-inf"))
+    return torch.einsum("hnm,mhd->nhd", scores.softmax(-1), v)
+
+
+def merge(out_a, lse_a, out_b, lse_b):
+    lse = torch.logaddexp(lse_a, lse_b)
+    return out_a * (lse_a - lse).exp()[..., None] + out_b * (lse_b - lse).exp()[..., None], lse
+
+
+def rms_norm(x, weight, eps):
+    return weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def rope(x, positions, theta):
+    half = x.shape[-1] // 2
+    inv_freq = theta ** (-torch.arange(half, dtype=torch.float64) * 2 / x.shape[-1])
+    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
+    cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def repeat_kv(k, num_heads):
+    return k.repeat_interleave(num_heads // k.shape[1], dim=1)
+
+
+def swiglu(x, gate_w, up_w, down_w):
+    return (F.silu(x @ gate_w.T) * (x @ up_w.T)) @ down_w.T
+
+
+def blocks_needed(num_tokens, block_size):
+    return -(-num_tokens // block_size)
+
+
+def slot_mapping(table, start, end, block_size):
+    return [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+
+
+def gather_kv(k_cache, table, num_tokens):
+    return k_cache[torch.as_tensor(table)].reshape(-1, *k_cache.shape[2:])[:num_tokens]
+
+
+def fit(cfg, num_bytes, block_size, dtype_bytes):
+    return num_bytes // (block_size * 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype_bytes)
+
+
+def bounds(num_tokens, chunk_size):
+    return [(s, min(s + chunk_size, num_tokens)) for s in range(0, num_tokens, chunk_size)]
+
+
+def chunked_prefill(model, token_ids, chunk_size, block_size=16, positions_from_zero=False, cached=True):
+    T = len(token_ids)
+    blocks = BlockManager(-(-T // block_size), block_size)
+    table = blocks.allocate("p", T)
+    cache = PagedKVCache.for_model(model.cfg, blocks.num_blocks, block_size, model.dtype, model.device)
+    for start, end in bounds(T, chunk_size):
+        batch = AttentionBatch([end - start], [start if cached else 0], [table], block_size,
+                               torch.tensor(blocks.slot_mapping("p", start, end)))
+        positions = torch.arange(0, end - start) if positions_from_zero else torch.arange(start, end)
+        model(torch.tensor(token_ids[start:end]), positions, batch, cache, backend="reference")
+    return cache.gather(table, T)
+
+
+def layer_flops(cfg, n, c):
+    d, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
+    gemm = 2 * n * d * (q + 2 * kv) + 2 * n * q * d + 4 * n * d * inter + 2 * n * inter * d
+    return gemm + 4 * (n * c + n * (n + 1) // 2) * cfg.head_dim * cfg.num_heads
+
+
+def kv_bytes(cfg, dtype_bytes):
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
+
+
+def step_traffic(cfg, requests, dtype_bytes, lm_head=True):
+    sampled = sum(1 for r in requests if len(r) == 2 or r[2])
+    d, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
+    flops = cfg.num_layers * sum(layer_flops(cfg, r[0], r[1]) for r in requests) \
+        + (2 * sampled * d * cfg.vocab_size if lm_head else 0)
+    weights = (cfg.num_layers * (d * (q + 2 * kv) + q * d + 3 * d * inter) + (d * cfg.vocab_size if sampled else 0)) \
+        * dtype_bytes
+    read = sum(r[1] for r in requests) * kv_bytes(cfg, dtype_bytes)
+    write = sum(r[0] for r in requests) * kv_bytes(cfg, dtype_bytes)
+    return {"flops": flops, "bytes_weights": weights, "bytes_kv_read": read, "bytes_kv_write": write,
+            "intensity": flops / (weights + read + write)}
+
+
+def schedule(decoding, prefilling, chunk_size, token_budget):
+    plan = [(rid, 1) for rid in decoding]
+    left = chunk_size if token_budget is None else min(chunk_size, token_budget - len(decoding))
+    for rid, tokens_left in prefilling:
+        if left <= 0:
+            break
+        plan.append((rid, min(tokens_left, left)))
+        left -= min(tokens_left, left)
+    return plan
+
+
+def stream_metrics(arrival, times):
+    itl = [b - a for a, b in zip(times, times[1:])]
+    return {"ttft": times[0] - arrival, "tpot": sum(itl) / len(itl) if itl else None, "itl": itl}
+
+
+def prefill_steps(prompt_len, chunk_size, num_decoding, token_budget):
+    per_step = chunk_size if token_budget is None else min(chunk_size, token_budget - num_decoding)
+    return math.ceil(prompt_len / per_step)
+
+
+def choose(rows, slo_ms):
+    ok = [r for r in rows if r["itl_max_s"] * 1e3 <= slo_ms]
+    size = lambda r: math.inf if r["chunk_size"] == "off" else r["chunk_size"]
+    return min(ok, key=lambda r: (r["long_ttft_s"], size(r)))["chunk_size"] if ok else None
+
+
+def expected_ttft(model, hardware, prompt_len, chunk_size, num_decoders, ctx):
+    total, done, k = 0.0, 0, 0
+    while done < prompt_len:
+        n = min(chunk_size, prompt_len - done)
+        step = [(n, done, done + n == prompt_len)] + [(1, ctx + k, True)] * num_decoders
+        total += predict_step(model, step, hardware).total
+        done, k = done + n, k + 1
+    return total
+
+
+def goodput(outputs, ttft_slo_s, tpot_slo_s):
+    done = [o for o in outputs if o.finished]
+    span = max(o.metrics.finish_time for o in done) - min(o.metrics.arrival_time for o in done)
+    good = [o for o in done if o.metrics.ttft <= ttft_slo_s and (o.metrics.tpot is None or o.metrics.tpot <= tpot_slo_s)]
+    return len(good) / span
+
+
+def decode_floor(cfg, hw, dtype_bytes=2):
+    return cfg.num_parameters() * dtype_bytes / hw.mem_bandwidth_bytes_s
+
+
+def _engine_metrics(arrival, times):
+    m = RequestMetrics(arrival_time=arrival, first_token_time=times[0], token_times=list(times), finish_time=times[-1])
+    return {"ttft": m.ttft, "tpot": m.tpot, "itl": m.itl}
+
+
+# ---- the table: checker, correct answer, shortcuts (name, function, what the message says) --
+CASES = {
+    "check_causal_mask": (mask, [
+        ("engine", lambda q, k: causal_mask(q, k), "engine's own answer"),
+        ("top_left", lambda q, k: causal_mask(q, k, align="top_left") if False else torch.ones(q, k).tril().bool(),
+         "TOP-LEFT"),
+        ("strict", lambda q, k: torch.arange(k)[None] < torch.arange(q)[:, None] + (k - q), "diagonal"),
+        ("hard_coded", lambda q, k: torch.ones(1, 1, dtype=torch.bool), "shape"),
+    ]),
+    "check_attention": (attention, [
+        ("engine", lambda q, k, v: reference_attention(q, k, v), "engine's own answer"),
+        ("sdpa", lambda q, k, v: F.scaled_dot_product_attention(
+            q.transpose(0, 1), repeat_kv(k, q.shape[1]).transpose(0, 1), repeat_kv(v, q.shape[1]).transpose(0, 1),
+            attn_mask=mask(q.shape[0], k.shape[0])).transpose(0, 1), "engine's own answer"),
+        ("no_scale", lambda q, k, v: attention(q * math.sqrt(q.shape[-1]), k, v), "sqrt(head_dim)"),
+        ("top_left", lambda q, k, v: reference_attention(q.clone(), k, v, align="top_left") if False else
+         _top_left_attention(q, k, v), "top-left"),
+        ("tiled_heads", lambda q, k, v: attention(q, k.repeat(1, q.shape[1] // k.shape[1], 1),
+                                                  v.repeat(1, q.shape[1] // k.shape[1], 1)), "repeat_interleave"),
+    ]),
+    "check_merge_attention": (merge, [
+        ("engine", lambda *a: merge_attention(*a), "engine's own answer"),
+        ("average", lambda oa, la, ob, lb: ((oa + ob) / 2, torch.logaddexp(la, lb)), "average"),
+        ("max_lse", lambda oa, la, ob, lb: (merge(oa, la, ob, lb)[0], torch.maximum(la, lb)), "max(lse_a, lse_b)"),
+    ]),
+    "check_rms_norm": (rms_norm, [
+        ("engine", lambda x, w, eps: _engine_rms(x, w, eps), "engine's own answer"),
+        ("torch", lambda x, w, eps: F.rms_norm(x, (x.shape[-1],), w, eps), "engine's own answer"),
+        ("eps_outside", lambda x, w, eps: w * x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps), "INSIDE"),
+        ("layer_norm", lambda x, w, eps: rms_norm(x - x.mean(-1, keepdim=True), w, eps), "LayerNorm"),
+    ]),
+    "check_rope": (rope, [
+        ("engine", lambda x, p, theta: apply_rope(x, *rope_cos_sin(_rope_cfg(x, theta), p, torch.float64)),
+         "engine's own answer"),
+        ("interleaved", lambda x, p, theta: _interleaved_rope(x, p, theta), "rotate half"),
+        ("unrotated", lambda x, p, theta: x, "unrotated"),
+    ]),
+    "check_repeat_kv": (repeat_kv, [
+        ("engine", lambda k, h: minillm.attention._expand_kv_heads(k, h), "engine's own answer"),
+        ("tiled", lambda k, h: k.repeat(1, h // k.shape[1], 1), "repeat_interleave"),
+    ]),
+    "check_swiglu": (swiglu, [
+        ("engine", lambda x, g, u, d: _engine_mlp(x, g, u, d), "engine's own answer"),
+        ("silu_on_up", lambda x, g, u, d: swiglu(x, u, g, d), "gate projection"),
+        ("gelu", lambda x, g, u, d: (F.gelu(x @ g.T) * (x @ u.T)) @ d.T, "GeGLU"),
+    ]),
+    "check_blocks_needed": (blocks_needed, [
+        ("engine", lambda n, b: blocks_for(n, b), "engine's own answer"),
+        ("float_ceil", lambda n, b: math.ceil(n / b), "integer arithmetic"),
+        ("floor", lambda n, b: n // b, "floor"),
+    ]),
+    "check_slot_mapping": (slot_mapping, [
+        ("engine", lambda t, s, e, b: _engine_slots(t, s, e, b), "engine's own answer"),
+        ("ignores_table", lambda t, s, e, b: list(range(s, e)), "block_table[p // block_size]"),
+        ("off_by_one", lambda t, s, e, b: slot_mapping(t, s, e + 1, b) if e < len(t) * b else slot_mapping(t, s, e, b)[:-1],
+         "block_table[p // block_size]"),
+    ]),
+    "check_gather_kv": (gather_kv, [
+        ("engine", lambda c, t, n: _engine_gather(c, t, n), "engine's own answer"),
+        ("sorted_table", lambda c, t, n: gather_kv(c, sorted(t), n), "table order"),
+        ("no_cut", lambda c, t, n: c[torch.as_tensor(t)].reshape(-1, *c.shape[2:]), "shape"),
+    ]),
+    "check_blocks_that_fit": (fit, [
+        ("engine", lambda cfg, n, b, d: blocks_that_fit(cfg, n, b, d), "engine's own answer"),
+        ("k_only", lambda cfg, n, b, d: fit(cfg, 2 * n, b, d), "K only"),
+        ("query_heads", lambda cfg, n, b, d: n // (b * 2 * cfg.num_layers * cfg.num_heads * cfg.head_dim * d),
+         "query heads"),
+    ]),
+    "check_chunk_mask": (mask, [
+        ("engine", lambda q, k: causal_mask(q, k), "engine's own answer"),
+        ("top_left", lambda q, k: torch.ones(q, k).tril().bool(), "TOP-LEFT"),
+    ]),
+    "check_chunk_bounds": (bounds, [
+        ("overruns", lambda n, c: [(s, s + c) for s in range(0, n, c)], "past num_tokens"),
+        ("drops_last", lambda n, c: [(s, s + c) for s in range(0, n - c + 1, c)], "short last one"),
+        ("hard_coded", lambda n, c: [(0, 4), (4, 8), (8, 10)], "expected"),
+    ]),
+    "check_chunked_prefill": (chunked_prefill, [
+        ("engine_full", lambda m, t, c: minillm.prefill_kv(m, t)[0], "engine's own answer"),
+        ("engine_chunked", lambda m, t, c: minillm.model_runner.prefill_kv(m, t, chunk_size=c)[0],
+         "engine's own answer"),
+        ("one_pass", lambda m, t, c: chunked_prefill(m, t, len(t)), "forward pass"),
+        ("positions_from_zero", lambda m, t, c: chunked_prefill(m, t, c, positions_from_zero=True), "absolute"),
+        ("no_cache", lambda m, t, c: chunked_prefill(m, t, c, cached=False), "cached_lens"),
+    ]),
+    "check_layer_flops": (layer_flops, [
+        ("engine", lambda cfg, n, c: step_cost(cfg, [(n, c, False)]).flops // cfg.num_layers, "engine's own answer"),
+        ("one_flop_per_mac", lambda cfg, n, c: layer_flops(cfg, n, c) // 2, "2*M*N*K"),
+        ("square_pairs", lambda cfg, n, c: layer_flops(cfg, n, c) + 4 * (n * n - n * (n + 1) // 2)
+         * cfg.head_dim * cfg.num_heads, "up to ITSELF"),
+        ("kv_heads", lambda cfg, n, c: layer_flops(cfg, n, c) - 4 * (n * c + n * (n + 1) // 2) * cfg.head_dim
+         * (cfg.num_heads - cfg.num_kv_heads), "QUERY head"),
+    ]),
+    "check_kv_bytes_per_token": (kv_bytes, [
+        ("engine", lambda cfg, d: cfg.kv_bytes_per_token(d), "engine's own answer"),
+        ("k_only", lambda cfg, d: kv_bytes(cfg, d) // 2, "K only"),
+        ("one_layer", lambda cfg, d: kv_bytes(cfg, d) // cfg.num_layers, "one layer"),
+    ]),
+    "check_step_traffic": (step_traffic, [
+        ("engine", lambda cfg, r, d: _traffic_from(step_cost(cfg, r, d)), "engine's own answer"),
+        ("no_lm_head", lambda cfg, r, d: step_traffic(cfg, r, d, lm_head=False), "LM head"),
+        ("with_activations", lambda cfg, r, d: {**step_traffic(cfg, r, d), "intensity": 0.9
+                                                * step_traffic(cfg, r, d)["intensity"]}, "intensity"),
+    ]),
+    "check_schedule_chunked": (schedule, [
+        ("engine", lambda *a: _ref06().engine_schedule_chunked(*a), "engine's own answer"),
+        ("chunk_per_request", lambda d, p, c, b: [(r, 1) for r in d] + [(r, min(n, c)) for r, n in p], "chunk_size"),
+        ("ignores_budget", lambda d, p, c, b: schedule(d, p, c, None), "token_budget"),
+        ("prefill_before_decodes", lambda d, p, c, b: schedule([], p, c if b is None else min(c, b), None)
+         + [(r, 1) for r in d], "before any prompt"),
+        ("overgrants", lambda d, p, c, b: [(r, 1) for r in d] + ([(p[0][0], c)] if p else []), "over token_budget"),
+        ("skips_big_prompt", lambda *a: _skips_big_prompt(*a), "as many tokens as the step has left"),
+        ("zero_entries", lambda d, p, c, b: schedule(d, p, c, b) + [(r, 0) for r, _ in p
+                                                                  if r not in dict(schedule(d, p, c, b))],
+         "leave out requests that get nothing"),
+    ]),
+    "check_stream_metrics": (stream_metrics, [
+        ("engine", _engine_metrics, "engine's own answer"),
+        ("tpot_over_all", lambda a, t: {**stream_metrics(a, t), "tpot": (t[-1] - a) / len(t) if len(t) > 1 else None}, "AFTER the first"),
+        ("itl_with_ttft", lambda a, t: {**stream_metrics(a, t), "itl": [t[0] - a] + stream_metrics(a, t)["itl"]},
+         "TTFT, not an ITL"),
+        ("tpot_zero_for_one_token", lambda a, t: {**stream_metrics(a, t), "tpot": stream_metrics(a, t)["tpot"] or 0.0},
+         "tpot must be None"),
+        ("ttft_from_zero", lambda a, t: {**stream_metrics(a, t), "ttft": t[0]}, "first token - arrival"),
+    ]),
+    "check_num_prefill_steps": (prefill_steps, [
+        ("engine", lambda *a: _ref06().engine_num_prefill_steps(*a), "engine's own answer"),
+        ("ignores_decodes", lambda p, c, n, b: math.ceil(p / c), "decodes take their tokens first"),
+        ("hard_coded", lambda p, c, n, b: 4, "decodes take their tokens first"),
+        ("floor_division", lambda p, c, n, b: p // (c if b is None else min(c, b - n)), "round up"),
+        ("budget_for_prefill_alone", lambda p, c, n, b: math.ceil(p / (c if b is None else min(c, b))),
+         "decodes take their tokens first"),
+    ]),
+    "check_choose_chunk_size": (choose, [
+        ("lab", lambda rows, slo: _ref07().pick_chunk_size(rows, slo), "engine's own answer"),
+        ("smallest_gap", lambda rows, slo: min(rows, key=lambda r: r["itl_max_s"])["chunk_size"] if
+         any(r["itl_max_s"] * 1e3 <= slo for r in rows) else None, "smallest gap"),
+        ("no_filter", lambda rows, slo: min(rows, key=lambda r: r["long_ttft_s"])["chunk_size"] if rows else None,
+         "filter first"),
+    ]),
+    "check_expected_ttft": (expected_ttft, [
+        ("simulator", lambda *a: _ref07().engine_long_ttft(*a), "engine's own answer"),
+        ("no_decodes", lambda m, h, p, c, n, ctx: expected_ttft(m, h, p, c, 0, ctx), "should be"),
+        ("one_step", lambda m, h, p, c, n, ctx: expected_ttft(m, h, p, p, n, ctx), "steps, one call each"),
+        ("contexts_one_ahead", lambda m, h, p, c, n, ctx: expected_ttft(m, h, p, c, n, ctx + 1), "should be"),
+        ("hard_coded", lambda *a: 0.25, "sum predict_step"),
+    ]),
+    "check_goodput": (goodput, [
+        ("summarize", lambda o, a, b: minillm.metrics.summarize(o, a, b)["goodput_req_s"], "engine's own answer"),
+        ("throughput", lambda o, a, b: goodput(o, math.inf, math.inf), "meeting both SLOs"),
+    ]),
+    "check_decode_floor": (decode_floor, [
+        ("bf16_always", lambda cfg, hw, d=2: decode_floor(cfg, hw, 2), "bytes"),
+    ]),
+}
+
+
+def _skips_big_prompt(decoding, prefilling, chunk_size, token_budget):
+    """Packs whichever prompts fit whole: not first come, first served."""
+    plan, left = [(rid, 1) for rid in decoding], chunk_size
+    if token_budget is not None:
+        left = min(left, token_budget - len(decoding))
+    for rid, tokens_left in prefilling:
+        if tokens_left <= left:
+            plan.append((rid, tokens_left))
+            left -= tokens_left
+    return plan
+
+
+def _top_left_attention(q, k, v):
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scores = torch.einsum("nhd,mhd->hnm", q, k) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~torch.ones(q.shape[0], k.shape[0]).tril().bool(), float("-inf"))
+    return torch.einsum("hnm,mhd->nhd", scores.softmax(-1), v)
+
+
+def _engine_rms(x, w, eps):
+    norm = RMSNorm(x.shape[-1], eps).to(x.dtype)
+    with torch.no_grad():
+        norm.weight.copy_(w)
+        return norm(x)
+
+
+def _rope_cfg(x, theta):
+    heads, head_dim = x.shape[1], x.shape[2]
+    return ModelConfig(name="t", vocab_size=8, hidden_size=heads * head_dim, intermediate_size=8, num_layers=1,
+                       num_heads=heads, num_kv_heads=heads, head_dim=head_dim, rope_theta=theta)
+
+
+def _interleaved_rope(x, positions, theta):
+    half = x.shape[-1] // 2
+    inv_freq = theta ** (-torch.arange(half, dtype=torch.float64) * 2 / x.shape[-1])
+    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
+    cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2)
+
+
+def _engine_mlp(x, gate_w, up_w, down_w):
+    cfg = ModelConfig(name="t", vocab_size=8, hidden_size=x.shape[1], intermediate_size=gate_w.shape[0],
+                      num_layers=1, num_heads=1, num_kv_heads=1)
+    mlp = MLP(cfg).to(x.dtype)
+    with torch.no_grad():
+        mlp.gate_proj.weight.copy_(gate_w), mlp.up_proj.weight.copy_(up_w), mlp.down_proj.weight.copy_(down_w)
+        return mlp(x)
+
+
+def _engine_slots(table, start, end, block_size):
+    manager = BlockManager(max(table) + 1, block_size)
+    manager.block_tables["r"] = list(table)
+    return manager.slot_mapping("r", start, end)
+
+
+def _engine_gather(k_cache, table, num_tokens):
+    cache = PagedKVCache(1, k_cache.shape[0], k_cache.shape[1], k_cache.shape[2], k_cache.shape[3],
+                         dtype=k_cache.dtype)
+    cache.data[0, 0].copy_(k_cache)
+    return cache.gather(table, num_tokens)[0, 0]
+
+
+def _traffic_from(cost):
+    return {"flops": cost.flops, "bytes_weights": cost.bytes_weights, "bytes_kv_read": cost.bytes_kv_read,
+            "bytes_kv_write": cost.bytes_kv_write, "intensity": cost.intensity}
+
+
+def _ref06():
+    from minillm.grading._reference import ch06
+    return ch06
+
+
+def _ref07():
+    from minillm.grading._reference import ch07
+    return ch07
+
+
+def test_the_package_exports_only_checkers_and_every_one_is_tested():
+    assert all(name.startswith("check_") for name in ex.__all__)
+    assert not [name for name in dir(ex) if not name.startswith("_") and callable(getattr(ex, name))
+                and not name.startswith("check_")]
+    assert sorted(ex.__all__) == sorted(CASES)
+
+
+@pytest.mark.parametrize("checker", sorted(CASES))
+def test_a_correct_answer_passes(checker, capsys):
+    assert getattr(ex, checker)(CASES[checker][0], seed=3) is True
+    assert capsys.readouterr().out.startswith("✓")
+
+
+SHORTCUTS = [(checker, name, fn, says) for checker, (_, attempts) in sorted(CASES.items())
+             for name, fn, says in attempts]
+
+
+@pytest.mark.parametrize("checker, name, fn, says", SHORTCUTS, ids=[f"{c}-{n}" for c, n, _, _ in SHORTCUTS])
+def test_a_shortcut_fails_with_a_helpful_message(checker, name, fn, says, capsys):
+    with pytest.raises(AssertionError) as failure:
+        getattr(ex, checker)(fn, seed=3)
+    first_line = str(failure.value).splitlines()[0]
+    assert says in first_line, f"{checker} on {name!r}: the message does not point at the mistake: {first_line}"
+    assert "Not yet" in capsys.readouterr().out or "engine's own answer" in first_line
+
+
+def test_forbidden_functions_are_restored_after_a_check():
+    before = (minillm.attention.causal_mask, minillm.prefill_kv, minillm.request.RequestMetrics.__dict__["tpot"])
+    with pytest.raises(AssertionError):
+        ex.check_causal_mask(lambda q, k: causal_mask(q, k), seed=0)
+    with pytest.raises(AssertionError):
+        ex.check_chunked_prefill(lambda m, t, c: minillm.prefill_kv(m, t)[0], seed=0)
+    with pytest.raises(AssertionError):
+        ex.check_stream_metrics(_engine_metrics, seed=0)
+    assert before == (minillm.attention.causal_mask, minillm.prefill_kv,
+                      minillm.request.RequestMetrics.__dict__["tpot"])
+    assert causal_mask(2, 3).shape == (2, 3)
+
+
+def test_the_engines_plans_meet_the_invariants_the_checker_states():
+    import random
+    from minillm.grading import ch06
+    rng = random.Random(0)
+    for _ in range(200):
+        state = ch06._random_state(rng)
+        plan = list(_ref06().engine_schedule_chunked(*state, rng=rng).items())
+        assert ch06._check_plan_invariants(plan, *state) is None
+
+
+def test_the_engines_step_count_matches_the_articles_example():
+    # A 2048-token prompt in 512-token chunks needs 4 steps, decodes riding along.
+    assert _ref06().engine_num_prefill_steps(2048, 512, 4, None) == 4
+    # With a budget of 516 and 8 streams, each step has 508 prefill tokens left.
+    assert _ref06().engine_num_prefill_steps(2048, 512, 8, 516) == math.ceil(2048 / 508)
+
+
+def test_reference_step_traffic_equals_the_accounting_module():
+    import random
+    from minillm.grading._reference import ch05 as ref05
+    from minillm.grading.ch05 import _random_configs
+    rng = random.Random(1)
+    for cfg in _random_configs(rng, 10):
+        requests = [(rng.randint(1, 600), rng.randint(0, 3000), rng.random() < 0.5) for _ in range(rng.randint(1, 5))]
+        cost, traffic = step_cost(cfg, requests, 2), ref05.step_traffic(cfg, requests, 2)
+        assert (cost.flops, cost.bytes_weights, cost.bytes_kv_read, cost.bytes_kv_write) == \
+            (traffic["flops"], traffic["bytes_weights"], traffic["bytes_kv_read"], traffic["bytes_kv_write"])
+        n, c = requests[0][:2]
+        assert ref05.layer_flops(cfg, n, c) == step_cost(cfg, [(n, c, False)]).flops // cfg.num_layers
+
+
+def test_the_engines_function_is_refused_however_it_is_handed_in():
+    def default_arg(q_len, k_len, _answer=causal_mask):
+        return _answer(q_len, k_len)
+    answer = causal_mask
+    closure = lambda q_len, k_len: answer(q_len, k_len)
+    for fn in (causal_mask, default_arg, closure, lambda q, k: minillm.attention.causal_mask(q, k)):
+        with pytest.raises(AssertionError, match="engine's own answer"):
+            ex.check_causal_mask(fn, seed=0)
+    assert default_arg.__defaults__[0] is causal_mask and answer is causal_mask
