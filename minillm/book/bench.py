@@ -193,7 +193,7 @@ def bench_hf(num_requests: int = 32, device=None, seed: int = 0) -> dict:
 def _first_mismatch(model, prompts, outs, hf_tokens):
     """Where the first differing request diverges, and how close the two
     candidate logits were there (float32 ties flip with reduction order)."""
-    from ..model_runner import prefill_kv
+    from ..prefill import prefill_kv
 
     for i, (o, h) in enumerate(zip(outs, hf_tokens)):
         if o.output_token_ids != h:
