@@ -114,9 +114,12 @@ def _fused_attention(q, k, v, is_causal: bool = False, attn_mask=None, with_lse:
         # torch's public SDPA drops it, and the merge needs it.
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal)
     if q.device.type == "cuda" and q.dtype != torch.float64:
-        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0,
-                                                                          is_causal)[:2]
-        return out, lse[..., :q.shape[2]]       # the kernel pads the rows of its lse
+        try:
+            out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0,
+                                                                              is_causal)[:2]
+            return out, lse[..., :q.shape[2]]   # the kernel pads the rows of its lse
+        except RuntimeError:
+            pass                                # a shape or GPU it does not take: the explicit path
     out, lse = reference_attention(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1),
                                    causal=is_causal, align="top_left", return_lse=True)
     return _heads_first(out), lse.transpose(0, 1)[None]
