@@ -9,7 +9,9 @@ bottom-right corner; see `causal_mask`.
 
 Backends:
   "reference"  explicit softmax(QK^T)V, any dtype (float64 too): the yardstick
-  "sdpa"       torch.nn.functional.scaled_dot_product_attention, decodes batched
+  "sdpa"       torch's fused kernels; a chunk split in two (no mask over its
+               cached prefix, is_causal over itself, merged by log-sum-exp),
+               decodes batched in padded buckets
   "flash"      flash-attn's varlen kernel reading the paged cache directly
                (CUDA only; needs `pip install flash-attn`, block_size % 256 == 0)
 """

@@ -310,6 +310,7 @@ def main(argv: list[str]) -> int:
                         help="model shape for chunk-cost, interference and hf ('all': each in turn)")
     parser.add_argument("--prompt-len", type=int, default=2048)
     parser.add_argument("--num-decoders", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3, help="chunk-cost: runs per ratio (median)")
     parser.add_argument("--chunk-sizes", default="64,128,256,512,1024",
                         help="interference: comma-separated chunk sizes (256 is the headline)")
     args = parser.parse_args(argv)
@@ -337,10 +338,11 @@ def _run_shape(args, shape: str, out: Path) -> dict:
     results = {}
     described = f"{shape} model ({_describe(shape)})"
     if args.which in ("chunk-cost", "all"):
-        r = bench_chunk_cost(shape, args.prompt_len)
+        r = bench_chunk_cost(shape, args.prompt_len, repeats=args.repeats)
         results["chunk_cost"] = r
         print(f"\nChunk cost on {r['device']}, {described}: the chunk steps of a {r['prompt_len']}-token "
-              f"prompt against its whole prefill ({r['whole_prefill_s'] * 1e3:.0f} ms), median of 3 runs")
+              f"prompt against its whole prefill ({r['whole_prefill_s'] * 1e3:.0f} ms), median of "
+              f"{args.repeats} runs")
         for name, ratio in r["chunks_over_whole"].items():
             low, high = r["spread"][name]
             print(f"  {name:>18}: x{ratio:.3f} the whole prefill (runs {low:.3f}-{high:.3f})")
