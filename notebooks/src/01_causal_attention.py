@@ -303,8 +303,9 @@ print(f"explicit mask: {explicit_ms:.1f} ms   split (no mask + is_causal + merge
 assert torch.allclose(from_heads(explicit_mask()), split_in_two(), atol=1e-5)
 
 # %% [markdown]
-# Same result. On one call the kernel does about the same arithmetic either way, so the
-# printed ratio is modest and moves with the machine's load. What the split removes is
+# Same result. On one call the kernel does about the same arithmetic either way, so
+# which of the two wins, and by how much, depends on the machine and its load: read
+# the ratio printed above, and rerun the cell to see it move. What the split removes is
 # everything around the kernel: no `[n, c + n]` mask to build per layer and request, no
 # copy of the cache to line the keys up with it (section 6), and `is_causal` skips the
 # masked half of the square. In a chunked prefill the last chunks attend over the
