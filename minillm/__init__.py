@@ -2,7 +2,7 @@
 
 Three layers, and the folders show them (arrows point down only):
     minillm/        the engine core: config, attention, model, kv_cache,
-                    model_runner, request, sampler, scheduler, engine,
+                    model_runner, prefill, request, sampler, scheduler, engine,
                     metrics, loader, tokenizer. Needs torch, never matplotlib.
     minillm/sim/    the simulator: accounting, hardware, cost_model,
                     simulator, workloads. Runs the core's scheduler on a
@@ -16,13 +16,13 @@ and the other heavier names load their layer on first use.
 """
 import importlib
 
-from . import (attention, config, device, engine, kv_cache, loader, metrics, model, model_runner, request, sampler,
-               scheduler, tokenizer)
+from . import (attention, config, device, engine, kv_cache, loader, metrics, model, model_runner, prefill,
+               request, sampler, scheduler, tokenizer)
 from .config import ModelConfig
 from .device import default_device
 from .engine import LLMEngine
 from .loader import build_model, load_hf_model
-from .model_runner import prefill_kv
+from .prefill import prefill_kv
 from .request import RequestOutput, SamplingParams
 from .scheduler import SchedulerConfig
 

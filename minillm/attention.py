@@ -9,17 +9,21 @@ bottom-right corner; see `causal_mask`.
 
 Backends:
   "reference"  explicit softmax(QK^T)V, any dtype (float64 too): the yardstick
-  "sdpa"       torch.nn.functional.scaled_dot_product_attention, decodes batched
+  "sdpa"       torch's fused kernels; a chunk split in two (no mask over its
+               cached prefix, is_causal over itself, merged by log-sum-exp),
+               decodes batched in padded buckets
   "flash"      flash-attn's varlen kernel reading the paged cache directly
                (CUDA only; needs `pip install flash-attn`, block_size % 256 == 0)
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from .kv_cache import blocks_for, gather_kv
 
 BACKENDS = ("reference", "sdpa", "flash")
 FLASH_BLOCK_MULTIPLE = 256  # flash-attn's paged KV needs page sizes divisible by 256
@@ -92,31 +96,101 @@ def merge_attention(out_a, lse_a, out_b, lse_b):
 _SDPA_HAS_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
 
 
-def sdpa_attention(q, k, v):
-    """Bottom-right causal attention for one sequence with torch's SDPA.
+def _heads_first(x: torch.Tensor) -> torch.Tensor:
+    """[n, H, D] -> [1, H, n, D]: the layout torch's fused kernels take (a view)."""
+    return x.transpose(0, 1)[None]
 
-    q: [n, Hq, D], k and v: [m, Hkv, D], m >= n -> [n, Hq, D].
+
+def _fused_attention(q, k, v, is_causal: bool = False, attn_mask=None, with_lse: bool = False):
+    """Every kernel call of the sdpa backend goes through here (tests record them).
+
+    q: [1, Hq, n, D], k and v: [1, Hq or Hkv, m, D] -> out [1, Hq, n, D]
+    (and the log-sum-exp of each row, [1, Hq, n], if with_lse). is_causal
+    aligns top-left, so callers pass it for square blocks only.
+    """
+    if not with_lse:
+        extra = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **extra)
+    if q.device.type == "cpu":
+        # The fused CPU kernel returns the log-sum-exp it computes anyway;
+        # torch's public SDPA drops it, and the merge needs it.
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal)
+    if q.device.type == "cuda" and q.dtype != torch.float64:
+        try:
+            out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0,
+                                                                              is_causal)[:2]
+            return out, lse[..., :q.shape[2]]   # the kernel pads the rows of its lse
+        except RuntimeError:
+            pass                                # a shape or GPU it does not take: the explicit path
+    out, lse = reference_attention(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1),
+                                   causal=is_causal, align="top_left", return_lse=True)
+    return _heads_first(out), lse.transpose(0, 1)[None]
+
+
+def causal_block_attention(q, k, v, with_lse: bool = False):
+    """Causal attention of a square block: queries and keys are the same n tokens.
+
+    q: [n, Hq, D], k and v: [n, Hkv, D] -> [n, Hq, D] (and lse [n, Hq]).
+    Square, so top-left and bottom-right coincide and is_causal is exact: the
+    kernel builds no mask and skips the masked half of the scores.
+    """
+    n, num_heads, _ = q.shape
+    if with_lse or not _SDPA_HAS_GQA:
+        # The kernels that return an lse do not share KV heads: copy the
+        # block's n keys per query head (cheap next to the n x n scores).
+        k, v = _expand_kv_heads(k, num_heads), _expand_kv_heads(v, num_heads)
+    result = _fused_attention(_heads_first(q), _heads_first(k), _heads_first(v), is_causal=True,
+                              with_lse=with_lse)
+    if not with_lse:
+        return result[0].transpose(0, 1)
+    out, lse = result
+    return out[0].transpose(0, 1), lse[0].transpose(0, 1)
+
+
+def unmasked_attention(q, k, v):
+    """Every query attends to every key: no mask at all. Returns (out, lse).
+
+    q: [n, Hq, D], k and v: [m, Hkv, D] -> out [n, Hq, D], lse [n, Hq].
+    Without a mask the query heads that share a KV head can be folded into
+    the query rows, so grouped-query attention copies no K or V.
     """
     n, num_heads, head_dim = q.shape
-    m, num_kv_heads, _ = k.shape
+    num_kv_heads = k.shape[1]
     group = num_heads // num_kv_heads
-    # 4-D [batch=1, heads, rows, D]: the layout torch's fused CPU/GPU kernels take.
-    k_heads, v_heads = k.transpose(0, 1)[None], v.transpose(0, 1)[None]          # [1, Hkv, m, D]
-    if n == m and (group == 1 or _SDPA_HAS_GQA):
-        # Square: top-left and bottom-right coincide, and is_causal lets the
-        # kernel skip the masked half (twice as fast as an explicit mask).
-        extra = {"enable_gqa": True} if group > 1 else {}
-        out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k_heads, v_heads,
-                                             is_causal=True, **extra)             # [1, Hq, n, D]
-        return out[0].transpose(0, 1)
-    # A chunk over a cache: an explicit bottom-right mask. The query heads that
-    # share a KV head are folded into the query rows, so GQA copies no K or V.
-    q_grouped = q.reshape(n, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)  # [Hkv, g, n, D]
-    q_grouped = q_grouped.reshape(1, num_kv_heads, group * n, head_dim)
-    allowed = causal_mask(n, m, device=q.device).repeat(group, 1)               # [g*n, m]
-    out = F.scaled_dot_product_attention(q_grouped, k_heads, v_heads, attn_mask=allowed)
-    out = out.reshape(num_kv_heads, group, n, head_dim).permute(2, 0, 1, 3)       # [n, Hkv, g, D]
-    return out.reshape(n, num_heads, head_dim)
+    q_rows = q.reshape(n, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)      # [Hkv, g, n, D]
+    q_rows = q_rows.reshape(1, num_kv_heads, group * n, head_dim)
+    out, lse = _fused_attention(q_rows, _heads_first(k), _heads_first(v), with_lse=True)
+    out = out.reshape(num_kv_heads, group, n, head_dim).permute(2, 0, 1, 3)        # [n, Hkv, g, D]
+    lse = lse.reshape(num_kv_heads, group, n).permute(2, 0, 1)                    # [n, Hkv, g]
+    return out.reshape(n, num_heads, head_dim), lse.reshape(n, num_heads)
+
+
+def chunk_attention(q, k_chunk, v_chunk, k_prefix, v_prefix):
+    """A chunk's attention over its cached prefix and itself, split in two.
+
+    q, k_chunk, v_chunk: the chunk's n tokens ([n, Hq, D], [n, Hkv, D]);
+    k_prefix, v_prefix: the c cached tokens before it ([c, Hkv, D]).
+    The bottom-right mask of the chunk over all c + n keys is two blocks: a
+    c-wide rectangle of all ones (every query sees every cached key) and the
+    n x n lower triangle of the chunk against itself. So: attention with no
+    mask over the prefix, causal attention over the square, merged by
+    log-sum-exp. No mask tensor is built at all.
+    """
+    if k_prefix.shape[0] == 0:
+        return causal_block_attention(q, k_chunk, v_chunk)
+    out_prefix, lse_prefix = unmasked_attention(q, k_prefix, v_prefix)
+    out_chunk, lse_chunk = causal_block_attention(q, k_chunk, v_chunk, with_lse=True)
+    return merge_attention(out_prefix, lse_prefix, out_chunk, lse_chunk)[0]
+
+
+def sdpa_attention(q, k, v):
+    """Bottom-right causal attention for one sequence with torch's fused kernels.
+
+    q: [n, Hq, D], k and v: [m, Hkv, D], m >= n: the queries are the last n
+    of the m positions -> [n, Hq, D].
+    """
+    cached = k.shape[0] - q.shape[0]
+    return chunk_attention(q, k[cached:], v[cached:], k[:cached], v[:cached])
 
 
 def flash_available() -> bool:
@@ -142,6 +216,9 @@ class AttentionBatch:
     block_tables: list[list[int]]  # cache blocks of each request, in order
     block_size: int
     slot_mapping: torch.Tensor     # [T] flat cache slot of every new token
+    # What every layer needs and no layer changes (row offsets, decode
+    # buckets and their padding masks): built by the first layer of the step.
+    _plan: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def seq_lens(self) -> list[int]:
@@ -150,6 +227,15 @@ class AttentionBatch:
     @property
     def num_tokens(self) -> int:
         return sum(self.query_lens)
+
+    def row_starts(self) -> list[int]:
+        """First row of each request in the packed step."""
+        if "starts" not in self._plan:
+            starts = [0]
+            for n in self.query_lens[:-1]:
+                starts.append(starts[-1] + n)
+            self._plan["starts"] = starts
+        return self._plan["starts"]
 
 
 def write_kv(k_cache, v_cache, k_new, v_new, slot_mapping):
@@ -161,22 +247,25 @@ def write_kv(k_cache, v_cache, k_new, v_new, slot_mapping):
     v_cache.view(-1, *v_cache.shape[2:])[slot_mapping] = v_new
 
 
-def gather_kv(cache, block_table: list[int], num_tokens: int):
-    """Read one request's first num_tokens keys (or values) from its blocks.
+def read_cached_prefixes(pool: torch.Tensor, batch: AttentionBatch) -> list:
+    """Each prefill chunk's cached prefix, every layer at once, once per step.
 
-    cache: [num_blocks, block_size, Hkv, D] -> [num_tokens, Hkv, D]
+    pool: [num_layers, 2, num_blocks, block_size, Hkv, D] -> per request a
+    [num_layers, 2, num_cached, Hkv, D] tensor (None for decodes and for
+    prompts with nothing cached). A view when the blocks are consecutive; else
+    one copy for the whole step instead of one per layer.
     """
-    block_size = cache.shape[1]
-    num_blocks = -(-num_tokens // block_size)
-    blocks = torch.as_tensor(block_table[:num_blocks], device=cache.device)
-    return cache.index_select(0, blocks).flatten(0, 1)[:num_tokens]
+    return [gather_kv(pool, table, c) if n > 1 and c > 0 else None
+            for n, c, table in zip(batch.query_lens, batch.cached_lens, batch.block_tables)]
 
 
 def paged_attention(q, k_new, v_new, k_cache, v_cache, batch: AttentionBatch,
-                    backend: str = "sdpa"):
+                    backend: str = "sdpa", prefixes: list | None = None):
     """Write the new K/V into the cache, then attend for every request.
 
     q: [T, Hq, D]; k_new, v_new: [T, Hkv, D] -> out [T, Hq, D]
+    prefixes: this layer's (k, v) cached prefix of each prefill chunk, if the
+    caller read them for the whole step (read_cached_prefixes); else read here.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: must be one of {BACKENDS}")
@@ -184,56 +273,79 @@ def paged_attention(q, k_new, v_new, k_cache, v_cache, batch: AttentionBatch,
     if backend == "flash":
         return _flash_paged(q, k_cache, v_cache, batch)
     out = torch.empty_like(q)
-    starts = [0]
-    for n in batch.query_lens:
-        starts.append(starts[-1] + n)
-    done = set()
-    if backend == "sdpa":
-        # Decodes go in padded batches of similar length: one SDPA call per
-        # bucket instead of one per request, with little padding.
-        decode_rows = sorted((b for b, n in enumerate(batch.query_lens) if n == 1),
-                             key=lambda b: batch.seq_lens[b])
-        for i in range(0, len(decode_rows) if len(decode_rows) > 1 else 0, DECODE_BUCKET):
-            bucket = decode_rows[i:i + DECODE_BUCKET]
-            rows = torch.as_tensor([starts[b] for b in bucket], device=q.device)
-            out[rows] = _sdpa_decode_batch(q[rows], k_cache, v_cache, batch, bucket)
-            done.update(bucket)
-    for b, (n, seq_len) in enumerate(zip(batch.query_lens, batch.seq_lens)):
-        if b in done or n == 0:
-            continue
-        k = gather_kv(k_cache, batch.block_tables[b], seq_len)    # [seq_len, Hkv, D]
-        v = gather_kv(v_cache, batch.block_tables[b], seq_len)
-        q_b = q[starts[b]:starts[b] + n]
-        attend = reference_attention if backend == "reference" else sdpa_attention
-        out[starts[b]:starts[b] + n] = attend(q_b, k, v)
+    starts = batch.row_starts()
+    if backend == "reference":
+        for b, (start, n, seq_len) in enumerate(zip(starts, batch.query_lens, batch.seq_lens)):
+            k = gather_kv(k_cache, batch.block_tables[b], seq_len)    # [seq_len, Hkv, D]
+            v = gather_kv(v_cache, batch.block_tables[b], seq_len)
+            out[start:start + n] = reference_attention(q[start:start + n], k, v)
+        return out
+    for rows, blocks, max_len, allowed in _decode_buckets(batch, q.device):
+        out[rows] = _decode_bucket_attention(q[rows], k_cache, v_cache, blocks, max_len, allowed)
+    for b, (start, n, cached) in enumerate(zip(starts, batch.query_lens, batch.cached_lens)):
+        if n == 1 or n == 0:
+            continue                                   # decodes are done above
+        rows = slice(start, start + n)
+        if prefixes is not None and prefixes[b] is not None:
+            k_prefix, v_prefix = prefixes[b]
+        else:
+            k_prefix = gather_kv(k_cache, batch.block_tables[b], cached)   # [cached, Hkv, D]
+            v_prefix = gather_kv(v_cache, batch.block_tables[b], cached)
+        # The chunk's own keys come straight from k_new: no need to read back
+        # what was just written.
+        out[rows] = chunk_attention(q[rows], k_new[rows], v_new[rows], k_prefix, v_prefix)
     return out
 
 
-def _sdpa_decode_batch(q, k_cache, v_cache, batch: AttentionBatch, rows: list[int]):
-    """All one-token (decode) requests in one SDPA call, padded to the longest.
+def _decode_buckets(batch: AttentionBatch, device):
+    """Decodes in padded buckets of similar length, planned once per step.
 
-    q: [B, Hq, D] -> [B, Hq, D]. Padding keys are masked out.
+    Returns [(rows [B], blocks [B * max_blocks], L, allowed [B, 1, 1, L] or None)]
+    with L the longest sequence of the bucket:
+    one SDPA call per bucket instead of one per request. Sorting by length
+    keeps the padding small; a bucket whose requests all have the same length
+    needs no mask.
+    """
+    if "decodes" in batch._plan:
+        return batch._plan["decodes"]
+    starts = batch.row_starts()
+    decodes = sorted((b for b, n in enumerate(batch.query_lens) if n == 1),
+                     key=lambda b: batch.seq_lens[b])
+    buckets = []
+    for i in range(0, len(decodes), DECODE_BUCKET):
+        bucket = decodes[i:i + DECODE_BUCKET]
+        seq_lens = [batch.seq_lens[b] for b in bucket]
+        width = blocks_for(max(seq_lens), batch.block_size)
+        tables = torch.zeros(len(bucket), width, dtype=torch.long)
+        for j, b in enumerate(bucket):
+            table = batch.block_tables[b][:width]
+            tables[j, :len(table)] = torch.as_tensor(table)
+        allowed = None
+        if min(seq_lens) != max(seq_lens):
+            lengths = torch.as_tensor(seq_lens)[:, None]
+            allowed = (torch.arange(max(seq_lens))[None, :] < lengths)[:, None, None, :]
+            allowed = allowed.to(device)                                          # [B, 1, 1, L]
+        rows = torch.as_tensor([starts[b] for b in bucket], device=device)
+        buckets.append((rows, tables.flatten().to(device), max(seq_lens), allowed))
+    batch._plan["decodes"] = buckets
+    return buckets
+
+
+def _decode_bucket_attention(q, k_cache, v_cache, blocks, max_len: int, allowed):
+    """One SDPA call for a bucket of decodes over their padded caches.
+
+    q: [B, Hq, D] -> [B, Hq, D]. The query heads sharing a KV head are folded
+    into the query rows, so GQA copies no K or V.
     """
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    group = num_heads // num_kv_heads
-    seq_lens = [batch.seq_lens[b] for b in rows]
-    max_blocks = -(-max(seq_lens) // batch.block_size)
-    tables = torch.zeros(num_seqs, max_blocks, dtype=torch.long)
-    for i, b in enumerate(rows):
-        table = batch.block_tables[b][:max_blocks]
-        tables[i, :len(table)] = torch.as_tensor(table)
-    flat_blocks = tables.flatten().to(q.device)
-    max_len = max_blocks * batch.block_size
-    # index_select copies whole blocks at memory speed (2x faster than
-    # advanced indexing here); the copy is the price of paging without a
-    # paged kernel, which flash-attn's block_table avoids on a GPU.
-    k = k_cache.index_select(0, flat_blocks).view(num_seqs, max_len, num_kv_heads, head_dim).transpose(1, 2)
-    v = v_cache.index_select(0, flat_blocks).view(num_seqs, max_len, num_kv_heads, head_dim).transpose(1, 2)
-    lengths = torch.as_tensor(seq_lens, device=q.device)
-    allowed = torch.arange(max_len, device=q.device)[None, :] < lengths[:, None]   # [B, L]
-    q_grouped = q.reshape(num_seqs, num_kv_heads, group, head_dim)                   # [B, Hkv, g, D]
-    out = F.scaled_dot_product_attention(q_grouped, k, v, attn_mask=allowed[:, None, None, :])
+    # index_select copies whole blocks at memory speed; the copy is the price
+    # of paging without a paged kernel (flash-attn's block_table avoids it).
+    shape = (num_seqs, -1, num_kv_heads, head_dim)
+    k = k_cache.index_select(0, blocks).view(shape)[:, :max_len].transpose(1, 2)   # [B, Hkv, L, D]
+    v = v_cache.index_select(0, blocks).view(shape)[:, :max_len].transpose(1, 2)
+    q_grouped = q.reshape(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [B, Hkv, g, D]
+    out = _fused_attention(q_grouped, k, v, attn_mask=allowed)
     return out.reshape(num_seqs, num_heads, head_dim)
 
 

@@ -32,6 +32,25 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+def gather_kv(cache: torch.Tensor, block_table: list[int], num_tokens: int) -> torch.Tensor:
+    """Tokens [0, num_tokens) of one request, read through its block table.
+
+    cache: [..., num_blocks, block_size, Hkv, D] (one layer's K or V, or the
+    whole pool) -> [..., num_tokens, Hkv, D]. When the request's blocks are
+    consecutive in the pool (a prompt allocated in one go usually is) the
+    result is a view and nothing is copied; otherwise one index_select copies
+    the blocks, all at once.
+    """
+    num_blocks = blocks_for(num_tokens, cache.shape[-3])
+    table = list(block_table[:num_blocks])
+    first = table[0] if table else 0
+    if table == list(range(first, first + num_blocks)):
+        picked = cache.narrow(-4, first, num_blocks)                  # a view
+    else:
+        picked = cache.index_select(-4, torch.as_tensor(table, device=cache.device))
+    return picked.flatten(-4, -3).narrow(-3, 0, num_tokens)
+
+
 def _check_num_tokens(num_tokens, arg: str = "num_tokens") -> int:
     if isinstance(num_tokens, bool) or not isinstance(num_tokens, Integral) or num_tokens < 0:
         raise ValueError(f"{arg}={num_tokens!r}: must be a non-negative integer number of tokens")
@@ -142,11 +161,8 @@ class PagedKVCache:
         return self.data[i, 0], self.data[i, 1]
 
     def gather(self, block_table: list[int], num_tokens: int) -> torch.Tensor:
-        """One request's KV as a contiguous tensor [num_layers, 2, num_tokens, Hkv, D]."""
-        blocks = torch.as_tensor(block_table[:blocks_for(num_tokens, self.block_size)],
-                                 device=self.data.device)
-        picked = self.data[:, :, blocks]                     # [L, 2, nb, bs, Hkv, D]
-        return picked.flatten(2, 3)[:, :, :num_tokens]
+        """One request's KV, every layer: [num_layers, 2, num_tokens, Hkv, D]."""
+        return gather_kv(self.data, block_table, num_tokens)
 
     @property
     def num_bytes(self) -> int:

@@ -20,7 +20,7 @@ import math
 import torch
 from torch import nn
 
-from .attention import AttentionBatch, paged_attention
+from .attention import AttentionBatch, paged_attention, read_cached_prefixes
 from .config import ModelConfig
 
 
@@ -96,7 +96,8 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, batch: AttentionBatch, k_cache, v_cache, backend: str):
+    def forward(self, x, cos, sin, batch: AttentionBatch, k_cache, v_cache, backend: str,
+                prefixes=None):
         T = x.shape[0]
         cfg = self.cfg
         q = self.q_proj(x).view(T, cfg.num_heads, cfg.head_dim)        # [T, Hq, D]
@@ -105,7 +106,7 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = paged_attention(q, k, v, k_cache, v_cache, batch, backend)  # [T, Hq, D]
+        out = paged_attention(q, k, v, k_cache, v_cache, batch, backend, prefixes)  # [T, Hq, D]
         return self.o_proj(out.reshape(T, cfg.q_size))                  # [T, hidden]
 
 
@@ -130,8 +131,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, batch, k_cache, v_cache, backend):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, k_cache, v_cache, backend)
+    def forward(self, x, cos, sin, batch, k_cache, v_cache, backend, prefixes=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, k_cache, v_cache, backend,
+                               prefixes)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -190,9 +192,13 @@ class LlamaModel(nn.Module):
         backend = backend or self.backend
         x = self.model.embed_tokens(token_ids)                       # [T, hidden]
         cos, sin = rope_cos_sin(self.cfg, positions, x.dtype)      # [T, D]
+        # Each prefill chunk's cached prefix, read once for the step (every
+        # layer's K and V at once), not once per layer.
+        prefixes = read_cached_prefixes(kv_cache.data, batch)      # [L, 2, cached, Hkv, D] each
         for i, layer in enumerate(self.model.layers):
             k_cache, v_cache = kv_cache.layer(i)
-            x = layer(x, cos, sin, batch, k_cache, v_cache, backend)
+            layer_prefixes = [None if p is None else (p[i, 0], p[i, 1]) for p in prefixes]
+            x = layer(x, cos, sin, batch, k_cache, v_cache, backend, layer_prefixes)
         if logits_indices is not None:
             x = x[logits_indices]                                    # [S, hidden]
         x = self.model.norm(x)

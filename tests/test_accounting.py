@@ -101,7 +101,7 @@ def tiny_model():
     [(48, 100), (1, 30), (1, 70)],               # mixed: chunk + decodes
 ])
 def test_linear_flops_match_flop_counter_mode(tiny_model, shape):
-    from minillm.model_runner import prepare_step
+    from minillm.prefill import prepare_step
     step = prepare_step(tiny_model, shape, seed=0)
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         step()

@@ -126,25 +126,32 @@ def test_merge_of_cached_prefix_and_causal_chunk_is_chunk_attention():
 
 # ---- the sdpa backend never aligns top-left ------------------------------------
 def _record_sdpa_calls(monkeypatch):
+    """Record (q_len, k_len, is_causal, has_mask) of every fused-kernel call."""
     calls = []
-    real = F.scaled_dot_product_attention
+    real = attention._fused_attention
 
-    def recording(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kw):
+    def recording(q, k, v, is_causal=False, attn_mask=None, with_lse=False):
         calls.append((q.shape[-2], k.shape[-2], is_causal, attn_mask is not None))
-        return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kw)
+        return real(q, k, v, is_causal=is_causal, attn_mask=attn_mask, with_lse=with_lse)
 
-    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
-    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", recording)
+    monkeypatch.setattr(attention, "_fused_attention", recording)
     return calls
 
 
 def _packed_step(query_lens, cached_lens, block_size=4, num_heads=4, num_kv_heads=2, head_dim=8,
-                 seed=0, dtype=torch.float64):
-    """A packed step over a paged cache, plus each sequence's contiguous q, k, v."""
+                 seed=0, dtype=torch.float64, interleave=False):
+    """A packed step over a paged cache, plus each sequence's contiguous q, k, v.
+
+    interleave: hand out blocks one at a time round-robin, so that no
+    request's blocks are consecutive in the pool (as after many decodes).
+    """
     g = torch.Generator().manual_seed(seed)
     seq_lens = [c + n for c, n in zip(cached_lens, query_lens)]
     manager = BlockManager(sum(-(-s // block_size) for s in seq_lens) + 3, block_size)
     manager.allocate("pad", 2 * block_size)            # so tables do not start at block 0
+    for size in range(block_size, max(seq_lens) + block_size, block_size) if interleave else ():
+        for b, seq_len in enumerate(seq_lens):
+            manager.allocate(b, min(size, seq_len))
     shape = (manager.num_blocks, block_size, num_kv_heads, head_dim)
     k_cache, v_cache = torch.randn(shape, generator=g, dtype=dtype), torch.randn(shape, generator=g, dtype=dtype)
     seqs, qs, k_new, v_new, slots = [], [], [], [], []
@@ -191,6 +198,35 @@ def test_paged_attention_sdpa_agrees_with_reference_on_random_packed_steps(lens,
         torch.testing.assert_close(paged_attention(*args, backend=backend), expected, atol=1e-10, rtol=0)
 
 
+@settings(max_examples=25, deadline=None)
+@given(lens=st.lists(st.tuples(st.integers(1, 9), st.integers(0, 12)), min_size=1, max_size=5),
+       block_size=st.sampled_from([1, 3, 4]), group=st.sampled_from([1, 2, 4]), seed=st.integers(0, 10**6))
+def test_paged_attention_on_scattered_blocks_with_prefixes_read_once_agrees_with_reference(
+        lens, block_size, group, seed):
+    """The model's path: prefixes read for the whole step (copied when the blocks are scattered)."""
+    query_lens, cached_lens = [n for n, _ in lens], [c for _, c in lens]
+    args, seqs = _packed_step(query_lens, cached_lens, block_size=block_size, num_heads=2 * group,
+                              seed=seed, interleave=True)
+    q, k_new, v_new, k_cache, v_cache, batch = args
+    pool = torch.stack([k_cache, v_cache])[None]          # [layers=1, 2, blocks, bs, Hkv, D]
+    prefixes = [None if p is None else (p[0, 0], p[0, 1])
+                for p in attention.read_cached_prefixes(pool, batch)]
+    out = paged_attention(q, k_new, v_new, pool[0, 0], pool[0, 1], batch, "sdpa", prefixes)
+    expected = torch.cat([reference_attention(*s) for s in seqs])
+    torch.testing.assert_close(out, expected, atol=1e-10, rtol=0)
+
+
+def test_a_prefix_in_consecutive_blocks_is_read_without_a_copy():
+    args, _ = _packed_step([3, 3], [9, 9])
+    args_scattered, _ = _packed_step([3, 3], [9, 9], interleave=True)
+    for (_, _, _, k_cache, _, batch), copies in [(args, False), (args_scattered, True)]:
+        for table, cached in zip(batch.block_tables, batch.cached_lens):
+            prefix = gather_kv(k_cache, table, cached)
+            assert (prefix.untyped_storage().data_ptr() != k_cache.untyped_storage().data_ptr()) == copies
+            slots = torch.tensor([table[p // 4] * 4 + p % 4 for p in range(cached)])
+            assert torch.equal(prefix, k_cache.flatten(0, 1)[slots])
+
+
 def test_sdpa_backend_never_uses_is_causal_when_q_and_k_lengths_differ(monkeypatch):
     calls = _record_sdpa_calls(monkeypatch)
     for query_lens, cached_lens in MIXED_STEPS:
@@ -204,12 +240,37 @@ def test_sdpa_backend_never_uses_is_causal_when_q_and_k_lengths_differ(monkeypat
         assert not (is_causal and q_len != k_len), f"is_causal=True with q_len={q_len}, k_len={k_len}"
 
 
-def test_sdpa_attention_with_gqa_on_a_square_never_relies_on_is_causal(monkeypatch):
+def test_sdpa_attention_with_gqa_uses_is_causal_on_the_square_block_only(monkeypatch):
     calls = _record_sdpa_calls(monkeypatch)
-    q, k, v = _qkv(5, 5, num_heads=4, num_kv_heads=2)
-    torch.testing.assert_close(sdpa_attention(q, k, v), _loop_attention(q, k, v), atol=1e-10, rtol=0)
+    for n, m in [(5, 5), (3, 11)]:
+        q, k, v = _qkv(n, m, num_heads=4, num_kv_heads=2)
+        torch.testing.assert_close(sdpa_attention(q, k, v), _loop_attention(q, k, v), atol=1e-10, rtol=0)
+    assert any(is_causal for _, _, is_causal, _ in calls)
     for q_len, k_len, is_causal, _ in calls:
         assert not (is_causal and q_len != k_len)
+
+
+def test_prefill_chunks_are_computed_without_any_mask_tensor(monkeypatch):
+    """A chunk over a cache: an unmasked call over the prefix, an is_causal call over the square."""
+    calls = _record_sdpa_calls(monkeypatch)
+    args, seqs = _packed_step([6, 5], [0, 9])
+    out = paged_attention(*args, backend="sdpa")
+    torch.testing.assert_close(out, torch.cat([_loop_attention(*s) for s in seqs]), atol=1e-10, rtol=0)
+    assert calls and not any(has_mask for *_, has_mask in calls)
+    group = 2                                            # 4 query heads share 2 KV heads
+    assert sorted(calls) == sorted([(6, 6, True, False), (5 * group, 9, False, False), (5, 5, True, False)])
+
+
+def test_decodes_of_one_length_need_no_mask_and_of_many_lengths_one_per_bucket(monkeypatch):
+    calls = _record_sdpa_calls(monkeypatch)
+    args, seqs = _packed_step([1, 1, 1], [7, 7, 7])
+    torch.testing.assert_close(paged_attention(*args, backend="sdpa"),
+                               torch.cat([_loop_attention(*s) for s in seqs]), atol=1e-10, rtol=0)
+    assert calls == [(2, 8, False, False)]               # one call, 2 query heads per KV head
+    calls.clear()
+    args, _ = _packed_step([1] * 10, list(range(3, 13)))
+    paged_attention(*args, backend="sdpa")
+    assert len(calls) == 2 and all(has_mask for *_, has_mask in calls)   # buckets of 8 and 2
 
 
 # ---- cache helpers and bad input -----------------------------------------------

@@ -5,7 +5,8 @@ import torch
 from minillm import ModelConfig, build_model, prefill_kv
 from minillm.kv_cache import PagedKVCache
 from minillm.model import apply_rope, rope_cos_sin, rope_inverse_frequencies
-from minillm.model_runner import ModelRunner, StepChunk, prepare_step
+from minillm.model_runner import ModelRunner, StepChunk
+from minillm.prefill import prepare_step
 from minillm.kv_cache import BlockManager
 
 SMALL = ModelConfig(name="small", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,

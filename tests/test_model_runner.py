@@ -1,4 +1,4 @@
-"""model_runner.py: packing a step, decoding with the cache, argument checks."""
+"""model_runner.py: packing a step, decoding with the cache."""
 import pytest
 import torch
 
@@ -6,8 +6,7 @@ import minillm
 from minillm import prefill_kv
 from minillm.config import ModelConfig
 from minillm.kv_cache import BlockManager
-from minillm.model_runner import (ModelRunner, StepChunk, check_chunk_size, check_prompt,
-                                  prepare_step)
+from minillm.model_runner import ModelRunner, StepChunk
 
 CFG = ModelConfig(name="small", vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=2,
                   num_heads=4, num_kv_heads=2, max_position=256)
@@ -87,35 +86,3 @@ def test_prepare_packs_absolute_positions_and_the_slot_mapping(model64):
     assert positions.tolist() == [4, 5, 6, 1]
     assert batch.slot_mapping.tolist() == [4, 5, 6, 9]
     assert batch.seq_lens == [7, 2] and logits_indices.tolist() == [2, 3]
-
-
-def test_prepare_step_runs_one_step_of_the_requested_shape(model64):
-    run = prepare_step(model64, [(8, 0), (1, 12), (3, 5, False)])
-    assert run().shape == (2, 64)
-
-
-@pytest.mark.parametrize("shape", [[], [(0, 4)], [(2, -1)]])
-def test_prepare_step_refuses_empty_or_negative_shapes(model64, shape):
-    with pytest.raises(ValueError, match="shape"):
-        prepare_step(model64, shape)
-
-
-def test_check_prompt_accepts_lists_and_tensors_and_names_bad_ones(model64):
-    assert check_prompt(model64, torch.tensor([[1, 2, 3]])) == [1, 2, 3]
-    with pytest.raises(ValueError, match="prompt=\\[\\]"):
-        check_prompt(model64, [], arg="prompt")
-    with pytest.raises(TypeError, match="token_ids"):
-        check_prompt(model64, [1.5])
-    with pytest.raises(TypeError, match="token_ids"):
-        check_prompt(model64, 7)
-    with pytest.raises(ValueError, match="-1"):
-        check_prompt(model64, [-1])
-    with pytest.raises(ValueError, match="257 tokens"):
-        check_prompt(model64, [0] * 257)
-
-
-def test_check_chunk_size_passes_none_and_positive_integers_only():
-    assert check_chunk_size(None) is None and check_chunk_size(512) == 512
-    for bad in (0, -1, 1.5, "64", True, None.__class__):
-        with pytest.raises(ValueError, match="chunk_size"):
-            check_chunk_size(bad)

@@ -1,4 +1,5 @@
-"""prefill_kv: chunked prefill writes the same KV and logits as a full prefill."""
+"""prefill.py: chunked prefill writes the same KV and logits as a full prefill;
+prepare_step builds a step of any shape; the entry points' argument checks."""
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -6,6 +7,7 @@ from hypothesis import given, settings, strategies as st
 import minillm
 from minillm import prefill_kv
 from minillm.config import ModelConfig
+from minillm.prefill import check_chunk_size, check_prompt, prepare_step
 
 
 @st.composite
@@ -144,3 +146,48 @@ def test_prompt_longer_than_the_maximum_position_is_refused_by_name():
 def test_out_of_vocabulary_token_is_refused_by_name(small_model):
     with pytest.raises(ValueError, match="token_ids contains 64"):
         prefill_kv(small_model, [1, 64])
+
+
+# ---- prepare_step and the argument checks ---------------------------------------
+@pytest.fixture(scope="module")
+def model64():
+    cfg = ModelConfig(name="small", vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=2,
+                      num_heads=4, num_kv_heads=2, max_position=256)
+    return minillm.build_model(cfg, seed=0, dtype=torch.float64)
+
+
+def test_the_harnesses_are_still_importable_from_model_runner():
+    from minillm import model_runner
+    assert model_runner.prepare_step is prepare_step and model_runner.prefill_kv is prefill_kv
+
+
+def test_prepare_step_runs_one_step_of_the_requested_shape(model64):
+    run = prepare_step(model64, [(8, 0), (1, 12), (3, 5, False)])
+    assert run().shape == (2, 64)
+
+
+@pytest.mark.parametrize("shape", [[], [(0, 4)], [(2, -1)]])
+def test_prepare_step_refuses_empty_or_negative_shapes(model64, shape):
+    with pytest.raises(ValueError, match="shape"):
+        prepare_step(model64, shape)
+
+
+def test_check_prompt_accepts_lists_and_tensors_and_names_bad_ones(model64):
+    assert check_prompt(model64, torch.tensor([[1, 2, 3]])) == [1, 2, 3]
+    with pytest.raises(ValueError, match="prompt=\\[\\]"):
+        check_prompt(model64, [], arg="prompt")
+    with pytest.raises(TypeError, match="token_ids"):
+        check_prompt(model64, [1.5])
+    with pytest.raises(TypeError, match="token_ids"):
+        check_prompt(model64, 7)
+    with pytest.raises(ValueError, match="-1"):
+        check_prompt(model64, [-1])
+    with pytest.raises(ValueError, match="257 tokens"):
+        check_prompt(model64, [0] * 257)
+
+
+def test_check_chunk_size_passes_none_and_positive_integers_only():
+    assert check_chunk_size(None) is None and check_chunk_size(512) == 512
+    for bad in (0, -1, 1.5, "64", True, None.__class__):
+        with pytest.raises(ValueError, match="chunk_size"):
+            check_chunk_size(bad)

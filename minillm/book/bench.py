@@ -3,6 +3,9 @@
 Speed claims live here, measured as ratios within one run, never as timed
 asserts in tests (shared machines are noisy).
 
+  chunk-cost    the steps of a chunked 2048-token prefill against the whole
+                prefill (the chunks' attention work adds up to the same), and
+                what reading the cached prefix costs
   interference  the articles' scenario on the real engine: streams decoding
                 when one long prompt arrives; every policy and a sweep of
                 chunk sizes; the long prompt's TTFT and the streams' gaps
@@ -12,7 +15,9 @@ asserts in tests (shared machines are noisy).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -22,6 +27,8 @@ from .. import metrics
 from ..sim import workloads
 from ..device import default_device
 from ..engine import LLMEngine
+from ..kv_cache import gather_kv
+from ..config import ModelConfig
 from ..loader import build_model
 from ..request import SamplingParams
 from ..scheduler import SchedulerConfig
@@ -38,6 +45,91 @@ def _table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
             cells.append(f"{format(value, fmt) if not isinstance(value, str) else value:>{max(len(h), 9)}}")
         lines.append(" ".join(cells))
     return "\n".join(lines)
+
+
+# The speed targets hold on every Llama shape, not one preset: the built-in
+# tiny model (8 query heads sharing 2 KV heads, head_dim 64) and two others
+# with other head counts and GQA ratios.
+BENCH_SHAPES = {
+    "tiny": {},
+    "gqa2": dict(hidden_size=256, intermediate_size=768, num_heads=8, num_kv_heads=4, head_dim=32),
+    "mha": dict(hidden_size=384, intermediate_size=1024, num_heads=6, num_kv_heads=6, head_dim=64),
+}
+
+
+def bench_model(shape: str = "tiny", device=None):
+    """A seeded float32 model of one of BENCH_SHAPES."""
+    if shape not in BENCH_SHAPES:
+        raise ValueError(f"shape={shape!r}: must be one of {sorted(BENCH_SHAPES)}")
+    cfg = dataclasses.replace(ModelConfig.preset("tiny"), name=shape, **BENCH_SHAPES[shape])
+    return build_model(cfg, seed=0, dtype=torch.float32, device=device or default_device())
+
+
+def _seconds(run) -> float:
+    t0 = time.perf_counter()
+    run()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def bench_chunk_cost(shape: str = "tiny", prompt_len: int = 2048, chunk_sizes=(256, 64),
+                     num_decodes: int = 8, repeats: int = 3, device=None) -> dict:
+    """The chunk steps of one prompt against its whole prefill, ratios per repeat.
+
+    Each repeat times the whole prefill and every chunk step back to back, so
+    a burst of load on a shared machine hits both sides of a ratio; the
+    median over repeats is reported. With decodes: num_decodes requests with
+    prompt_len cached tokens ride along every chunk.
+    """
+    from ..prefill import prepare_step
+
+    model = bench_model(shape, device)
+    whole = prepare_step(model, [(prompt_len, 0)])
+    cases = {f"C={c}": [prepare_step(model, [(c, s)]) for s in range(0, prompt_len, c)] for c in chunk_sizes}
+    riders = [(1, prompt_len)] * num_decodes
+    c = chunk_sizes[0]
+    cases[f"C={c} + {num_decodes} decodes"] = [prepare_step(model, [(c, s)] + riders)
+                                               for s in range(0, prompt_len, c)]
+    for run in [whole] + [steps[0] for steps in cases.values()]:
+        run()                                                         # warm-up
+    ratios = {name: [] for name in cases}
+    whole_s = []
+    for _ in range(repeats):
+        whole_s.append(_seconds(whole))
+        for name, steps in cases.items():
+            ratios[name].append(sum(_seconds(step) for step in steps) / whole_s[-1])
+    return {"shape": shape, "device": str(model.device), "prompt_len": prompt_len,
+            "whole_prefill_s": statistics.median(whole_s),
+            "chunks_over_whole": {name: statistics.median(r) for name, r in ratios.items()},
+            "spread": {name: (min(r), max(r)) for name, r in ratios.items()},
+            "prefix_read": bench_prefix_read(model, prompt_len - chunk_sizes[0])}
+
+
+def bench_prefix_read(model, num_cached: int, repeats: int = 20) -> dict:
+    """Seconds per step to read one request's cached prefix for every layer.
+
+    before: one index_select per layer for K and for V (the old per-layer
+    gather); after: read once per step, a view when the blocks are
+    consecutive, one copy when they are scattered through the pool.
+    """
+    cfg, block_size = model.cfg, 16
+    num_blocks = 2 * -(-num_cached // block_size)
+    pool = torch.randn(cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
+                       dtype=model.dtype, device=model.device)
+    consecutive = list(range(num_blocks // 2))
+    scattered = list(range(0, num_blocks, 2))
+
+    def per_layer():
+        for layer in pool:
+            for cache in layer:
+                blocks = torch.as_tensor(scattered, device=cache.device)
+                cache.index_select(0, blocks).flatten(0, 1)[:num_cached]
+
+    runs = {"before_per_layer_s": per_layer,
+            "after_consecutive_s": lambda: gather_kv(pool, consecutive, num_cached),
+            "after_scattered_s": lambda: gather_kv(pool, scattered, num_cached)}
+    return {name: statistics.median(_seconds(run) for _ in range(repeats)) for name, run in runs.items()}
 
 
 def interference_case(model, policy: str, chunk_size: int | None, workload) -> dict:
@@ -60,12 +152,12 @@ def interference_case(model, policy: str, chunk_size: int | None, workload) -> d
 
 def bench_interference(prompt_len: int = 2048, num_decoders: int = 8,
                        chunk_sizes=(64, 128, 256, 512, 1024), out_dir: Path | None = None,
-                       device=None, progress: bool = True) -> dict:
+                       device=None, progress: bool = True, shape: str = "tiny") -> dict:
     """Returns the table and the headline ratios (chunked 256 vs prefill_first)."""
     from tqdm.auto import tqdm
 
     device = device or default_device()
-    model = build_model("tiny", seed=0, dtype=torch.float32, device=device)
+    model = bench_model(shape, device)
     # The streams decode 32 tokens past the long prompt's arrival: enough to
     # outlast a 256-token chunking, and few enough that one stall per stream
     # is more than 1% of all gaps, so p99 ITL sees it.
@@ -80,7 +172,8 @@ def bench_interference(prompt_len: int = 2048, num_decoders: int = 8,
     base = rows[0]
     ref = next((r for r in rows if r["chunk_size"] == 256), rows[-1])
     result = {
-        "device": str(device), "prompt_len": prompt_len, "num_decoders": num_decoders, "rows": rows,
+        "device": str(device), "shape": shape, "prompt_len": prompt_len, "num_decoders": num_decoders,
+        "rows": rows,
         "chunked256_vs_prefill_first": {
             "itl_max_reduction": base["itl_max_s"] / ref["itl_max_s"],
             "itl_p99_reduction": base["itl_p99_s"] / ref["itl_p99_s"],
@@ -88,7 +181,8 @@ def bench_interference(prompt_len: int = 2048, num_decoders: int = 8,
         },
     }
     if out_dir is not None:
-        _save_interference_figure(rows, Path(out_dir) / "interference.png", prompt_len, num_decoders)
+        name = "interference.png" if shape == "tiny" else f"interference_{shape}.png"
+        _save_interference_figure(rows, Path(out_dir) / name, prompt_len, num_decoders)
     return result
 
 
@@ -164,9 +258,9 @@ def hf_generate(hf, prompts, output_lens, batch_size: int = 8):
     return results, time.perf_counter() - t0
 
 
-def bench_hf(num_requests: int = 32, device=None, seed: int = 0) -> dict:
+def bench_hf(num_requests: int = 32, device=None, seed: int = 0, shape: str = "tiny") -> dict:
     device = device or default_device()
-    model = build_model("tiny", seed=0, dtype=torch.float32, device=device)
+    model = bench_model(shape, device)
     wl = workloads.poisson_mix(num_requests, rate_per_s=float("inf"), prompt_len=(32, 512),
                                output_len=(16, 128), seed=seed)
     prompts = [wl.prompt_ids(i, model.cfg.vocab_size) for i in range(num_requests)]
@@ -182,7 +276,7 @@ def bench_hf(num_requests: int = 32, device=None, seed: int = 0) -> dict:
     useful = sum(output_lens)
     same = [o.output_token_ids == h for o, h in zip(outs, hf_tokens)]
     return {
-        "device": str(device), "num_requests": num_requests, "useful_tokens": useful,
+        "device": str(device), "shape": shape, "num_requests": num_requests, "useful_tokens": useful,
         "minillm_s": ours_s, "hf_s": hf_s,
         "minillm_tok_s": useful / ours_s, "hf_tok_s": useful / hf_s,
         "speedup": hf_s / ours_s,
@@ -193,7 +287,7 @@ def bench_hf(num_requests: int = 32, device=None, seed: int = 0) -> dict:
 def _first_mismatch(model, prompts, outs, hf_tokens):
     """Where the first differing request diverges, and how close the two
     candidate logits were there (float32 ties flip with reduction order)."""
-    from ..model_runner import prefill_kv
+    from ..prefill import prefill_kv
 
     for i, (o, h) in enumerate(zip(outs, hf_tokens)):
         if o.output_token_ids != h:
@@ -209,36 +303,23 @@ def main(argv: list[str]) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m minillm bench")
-    parser.add_argument("which", choices=["interference", "hf", "simulator", "all"], nargs="?", default="all")
+    parser.add_argument("which", choices=["chunk-cost", "interference", "hf", "simulator", "all"],
+                        nargs="?", default="all")
     parser.add_argument("--out", default="bench-results", help="folder for the JSON results and figures")
+    parser.add_argument("--shape", choices=sorted(BENCH_SHAPES) + ["all"], default="tiny",
+                        help="model shape for chunk-cost, interference and hf ('all': each in turn)")
     parser.add_argument("--prompt-len", type=int, default=2048)
     parser.add_argument("--num-decoders", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3, help="chunk-cost: runs per ratio (median)")
+    parser.add_argument("--chunk-sizes", default="64,128,256,512,1024",
+                        help="interference: comma-separated chunk sizes (256 is the headline)")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    shapes = sorted(BENCH_SHAPES) if args.shape == "all" else [args.shape]
     results = {}
-    if args.which in ("interference", "all"):
-        r = bench_interference(args.prompt_len, args.num_decoders, out_dir=out)
-        results["interference"] = r
-        print(f"\nInterference on {r['device']}: a {r['prompt_len']}-token prompt arrives among "
-              f"{r['num_decoders']} decoding streams (tiny model, seconds)")
-        print(_table(r["rows"], [("policy", "policy", ""), ("chunk_size", "chunk", ""),
-                                 ("long_ttft_s", "long TTFT", ".3f"), ("tpot_mean_s", "TPOT mean", ".4f"),
-                                 ("itl_p50_s", "ITL p50", ".4f"), ("itl_p99_s", "ITL p99", ".4f"),
-                                 ("itl_max_s", "ITL max", ".4f"), ("throughput_tok_s", "tok/s", ".1f"),
-                                 ("steps", "steps", "d")]))
-        h = r["chunked256_vs_prefill_first"]
-        print(f"chunked 256 vs prefill_first: max ITL {h['itl_max_reduction']:.1f}x lower, "
-              f"p99 ITL {h['itl_p99_reduction']:.1f}x lower, long-prompt TTFT x{h['long_ttft_growth']:.2f}")
-    if args.which in ("hf", "all"):
-        r = bench_hf()
-        results["hf"] = r
-        print(f"\nThroughput vs transformers.generate on {r['device']} ({r['num_requests']} requests, "
-              f"{r['useful_tokens']} useful output tokens)")
-        print(f"minillm {r['minillm_tok_s']:.1f} tok/s ({r['minillm_s']:.2f} s), "
-              f"transformers {r['hf_tok_s']:.1f} tok/s ({r['hf_s']:.2f} s): {r['speedup']:.2f}x; "
-              f"identical greedy outputs for {r['identical_requests']}/{r['num_requests']} requests"
-              + (f"; first difference {r['first_mismatch']}" if r["first_mismatch"] else ""))
+    for shape in shapes:
+        results[shape] = _run_shape(args, shape, out)
     if args.which in ("simulator", "all"):
         from . import fidelity
         r = fidelity.run_cpu_fidelity()
@@ -251,3 +332,53 @@ def main(argv: list[str]) -> int:
     (out / "bench.json").write_text(json.dumps(results, indent=1, default=str))
     print(f"\nresults written to {out}/")
     return 0
+
+
+def _run_shape(args, shape: str, out: Path) -> dict:
+    results = {}
+    described = f"{shape} model ({_describe(shape)})"
+    if args.which in ("chunk-cost", "all"):
+        r = bench_chunk_cost(shape, args.prompt_len, repeats=args.repeats)
+        results["chunk_cost"] = r
+        print(f"\nChunk cost on {r['device']}, {described}: the chunk steps of a {r['prompt_len']}-token "
+              f"prompt against its whole prefill ({r['whole_prefill_s'] * 1e3:.0f} ms), median of "
+              f"{args.repeats} runs")
+        for name, ratio in r["chunks_over_whole"].items():
+            low, high = r["spread"][name]
+            print(f"  {name:>18}: x{ratio:.3f} the whole prefill (runs {low:.3f}-{high:.3f})")
+        p = r["prefix_read"]
+        print(f"  reading a {args.prompt_len - 256}-token cached prefix, every layer: per-layer gather "
+              f"{p['before_per_layer_s'] * 1e3:.2f} ms/step; once per step "
+              f"{p['after_consecutive_s'] * 1e3:.3f} ms (consecutive blocks: a view), "
+              f"{p['after_scattered_s'] * 1e3:.2f} ms (scattered: one copy)")
+    if args.which in ("interference", "all"):
+        chunk_sizes = tuple(int(c) for c in args.chunk_sizes.split(","))
+        r = bench_interference(args.prompt_len, args.num_decoders, chunk_sizes=chunk_sizes, out_dir=out,
+                               shape=shape)
+        results["interference"] = r
+        print(f"\nInterference on {r['device']}: a {r['prompt_len']}-token prompt arrives among "
+              f"{r['num_decoders']} decoding streams ({described}, seconds)")
+        print(_table(r["rows"], [("policy", "policy", ""), ("chunk_size", "chunk", ""),
+                                 ("long_ttft_s", "long TTFT", ".3f"), ("tpot_mean_s", "TPOT mean", ".4f"),
+                                 ("itl_p50_s", "ITL p50", ".4f"), ("itl_p99_s", "ITL p99", ".4f"),
+                                 ("itl_max_s", "ITL max", ".4f"), ("throughput_tok_s", "tok/s", ".1f"),
+                                 ("steps", "steps", "d")]))
+        h = r["chunked256_vs_prefill_first"]
+        print(f"chunked 256 vs prefill_first: max ITL {h['itl_max_reduction']:.1f}x lower, "
+              f"p99 ITL {h['itl_p99_reduction']:.1f}x lower, long-prompt TTFT x{h['long_ttft_growth']:.2f}")
+    if args.which in ("hf", "all"):
+        r = bench_hf(shape=shape)
+        results["hf"] = r
+        print(f"\nThroughput vs transformers.generate on {r['device']}, {described} ({r['num_requests']} "
+              f"requests, {r['useful_tokens']} useful output tokens)")
+        print(f"minillm {r['minillm_tok_s']:.1f} tok/s ({r['minillm_s']:.2f} s), "
+              f"transformers {r['hf_tok_s']:.1f} tok/s ({r['hf_s']:.2f} s): {r['speedup']:.2f}x; "
+              f"identical greedy outputs for {r['identical_requests']}/{r['num_requests']} requests"
+              + (f"; first difference {r['first_mismatch']}" if r["first_mismatch"] else ""))
+    return results
+
+
+def _describe(shape: str) -> str:
+    cfg = dataclasses.replace(ModelConfig.preset("tiny"), **BENCH_SHAPES[shape])
+    return (f"hidden {cfg.hidden_size}, {cfg.num_heads} query heads / {cfg.num_kv_heads} KV heads, "
+            f"head_dim {cfg.head_dim}, {cfg.num_layers} layers")

@@ -7,7 +7,7 @@ recipe on the machine at hand, where we can run the real engine:
 1. measure steps of the built-in model over a sweep of batch shapes
    (a prefill chunk of C tokens over c cached ones, plus N decodes over c
    cached tokens each), median of a few repeats, each step built by
-   `model_runner.prepare_step`;
+   `prefill.prepare_step`;
 2. fit this machine's factors on a CALIBRATION sweep: effective FLOP/s,
    bandwidth, per-kernel and per-step overhead, by least squares on the
    relative error. With an additive blend (overlap_exponent = 1) and no
@@ -62,7 +62,7 @@ def measure_step_times(model, shapes, repeats: int = 5, seed: int = 0, progress:
                        statistic: str = "min") -> list[float]:
     """Seconds of one real engine step for each (chunk, num_decodes, num_cached).
 
-    Every step is built first (model_runner.prepare_step), then the sweep is
+    Every step is built first (prefill.prepare_step), then the sweep is
     timed round-robin `repeats` times, so a burst of load from another process
     hits different shapes, not all repeats of one. statistic="min" (default:
     other processes only ever ADD time, so the fastest run is the step's own
@@ -71,7 +71,7 @@ def measure_step_times(model, shapes, repeats: int = 5, seed: int = 0, progress:
     from tqdm.auto import tqdm
 
     from ..device import synchronize
-    from ..model_runner import prepare_step
+    from ..prefill import prepare_step
 
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats={repeats!r}: must be a positive integer")

@@ -12,18 +12,23 @@
 #   `is_causal=True` (and its fix);
 # - merged two partial attentions with their log-sum-exp, the trick behind
 #   FlashAttention and split-KV decoding;
+# - seen why the engine never builds a chunk's mask at all: the rectangle splits into
+#   a block with no mask and a square where `is_causal` is exact, merged by log-sum-exp;
 # - run the engine's packed, paged attention with two backends and seen them agree.
 
 # %% slideshow={"slide_type": "skip"}
 import math
+import statistics
+import time
 
 import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
 import minillm
-from minillm.attention import (AttentionBatch, causal_mask, merge_attention, paged_attention,
-                               reference_attention, sdpa_attention, write_kv)
+from minillm.attention import (AttentionBatch, causal_block_attention, causal_mask, chunk_attention,
+                               merge_attention, paged_attention, reference_attention, sdpa_attention,
+                               write_kv)
 from minillm.kv_cache import BlockManager
 from minillm.book.show import show_source
 
@@ -143,14 +148,6 @@ print("causal_lower_right: max error", (fixed - truth).abs().max().item())
 print("explicit mask:      max error", (explicit - truth).abs().max().item())
 assert torch.allclose(fixed, truth, atol=1e-12) and torch.allclose(explicit, truth, atol=1e-12)
 
-# %% [markdown]
-# The engine's `sdpa` backend uses `is_causal=True` only when it is safe (a square mask
-# with one query head per KV head) and passes the bottom-right mask otherwise; a test
-# (`tests/test_attention.py`) records every call to make sure it stays that way:
-
-# %% slideshow={"slide_type": "subslide"}
-show_source(sdpa_attention)
-
 # %% [markdown] slideshow={"slide_type": "subslide"}
 # The experiment above already shows the property chunked prefill rests on: the chunk's
 # attention, computed from its own queries and the cached keys, is **exactly** the
@@ -219,7 +216,103 @@ assert max(errors[torch.float64]) < 1e-13 and max(errors[torch.float32]) < 1e-5
 # multiple of its unit roundoff (the maxima are printed under the figure), many orders of
 # magnitude below the error of a real bug such as the top-left mask of section 3.
 #
-# ## 5. The engine's attention: packed and paged
+# ## 5. The split: why the engine never builds a chunk's mask
+#
+# Look again at the bottom-right mask of a chunk of $n$ tokens over $c$ cached ones
+# (section 2). It is two blocks: a $c$-wide rectangle of all ones (every query of the
+# chunk sees every cached key) and an $n \times n$ lower triangle (the chunk against
+# itself). The first block needs no mask at all. The second is **square**, and on a
+# square `is_causal=True` is exact, since top-left and bottom-right coincide. Section 4's
+# merge glues the two together. Serving engines do the same: vLLM's `merge_attn_states`
+# (`vllm/v1/attention/ops/merge_attn_states.py`) merges "partial attention outputs from
+# prefix (KV cache) and suffix (new tokens)" by their log-sum-exp, and FlashInfer's
+# `flashinfer.cascade.merge_state` merges two KV segments the same way. It is what the
+# engine's `sdpa` backend does:
+
+# %%
+fig, ax = plt.subplots(figsize=(5, 2.4))
+n_chunk, n_cached = 4, 8
+blocks_split = torch.zeros(n_chunk, n_cached + n_chunk)
+blocks_split[:, :n_cached] = 1                                   # prefix: all ones
+blocks_split[:, n_cached:] = 2 * causal_mask(n_chunk, n_chunk)   # the chunk: a triangle
+ax.imshow(blocks_split, cmap="Blues", vmin=0, vmax=2.4)
+ax.axvline(n_cached - 0.5, color="C3")
+ax.set(xlabel="key position", ylabel="query row",
+       title="A chunk's mask = a block with no mask + a square causal block")
+plt.show()
+assert torch.equal(blocks_split > 0, causal_mask(n_chunk, n_cached + n_chunk))
+
+# %%
+show_source(chunk_attention)
+
+# %% [markdown]
+# `unmasked_attention` folds the query heads that share a KV head into the query rows
+# (without a mask, which row is which does not matter), so grouped-query attention
+# copies no keys. `causal_block_attention` calls the kernel with `is_causal=True`, with
+# grouped-query heads too: torch >= 2.5 shares KV heads itself (`enable_gqa`), and where
+# the kernel must also return the log-sum-exp the block's $n$ keys are copied per query
+# head. A test (`tests/test_attention.py`) records every kernel call of the backend to
+# check that `is_causal` only ever meets a square block and that no prefill chunk gets a
+# mask. The split agrees with the reference in float64:
+
+# %%
+show_source(causal_block_attention)
+
+# %%
+q, k, v = random_qkv(5, 13, num_heads=8, num_kv_heads=2, seed=4)
+split = chunk_attention(q, k[8:], v[8:], k[:8], v[:8])
+print("split vs reference, float64: max error", (split - reference_attention(q, k, v)).abs().max().item())
+assert torch.allclose(split, reference_attention(q, k, v), atol=1e-12, rtol=0)
+assert torch.equal(split, sdpa_attention(q, k, v))       # sdpa_attention is this split
+
+# %% [markdown]
+# Is it worth it? A mask tensor is cheap to build but expensive to use: the fused
+# kernel must read it for every score and cannot skip the masked half. Here is one chunk
+# of 256 tokens over 1792 cached ones (8 query heads sharing 2 KV heads, float32),
+# computed the plain way (one call with an explicit bottom-right mask) and split:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+q, k, v = random_qkv(256, 2048, num_heads=8, num_kv_heads=2, head_dim=64, dtype=torch.float32, seed=5)
+mask = causal_mask(256, 2048)
+
+
+def explicit_mask():
+    return F.scaled_dot_product_attention(to_heads(q), to_heads(k), to_heads(v), attn_mask=mask,
+                                          enable_gqa=True)
+
+
+def split_in_two():
+    return chunk_attention(q, k[1792:], v[1792:], k[:1792], v[:1792])
+
+
+def median_ms(fns, repeats=7):
+    """Median time of each function, timed in turns so that load hits all alike."""
+    times = [[] for _ in fns]
+    for _ in range(repeats + 1):
+        for fn, fn_times in zip(fns, times):
+            t0 = time.perf_counter()
+            fn()
+            fn_times.append(time.perf_counter() - t0)
+    return [1e3 * statistics.median(t[1:]) for t in times]       # the first turn warms up
+
+
+explicit_ms, split_ms = median_ms([explicit_mask, split_in_two])
+print(f"explicit mask: {explicit_ms:.1f} ms   split (no mask + is_causal + merge): {split_ms:.1f} ms"
+      f"   -> the split takes x{split_ms / explicit_ms:.2f} the time")
+assert torch.allclose(from_heads(explicit_mask()), split_in_two(), atol=1e-5)
+
+# %% [markdown]
+# Same result. On one call the kernel does about the same arithmetic either way, so
+# which of the two wins, and by how much, depends on the machine and its load: read
+# the ratio printed above, and rerun the cell to see it move. What the split removes is
+# everything around the kernel: no `[n, c + n]` mask to build per layer and request, no
+# copy of the cache to line the keys up with it (section 6), and `is_causal` skips the
+# masked half of the square. In a chunked prefill the last chunks attend over the
+# longest caches, where those costs used to grow; `python -m minillm bench chunk-cost`
+# measures whole chunked prefills against one full prefill.
+#
+# ## 6. The engine's attention: packed and paged
 #
 # In the engine, one step packs the new tokens of many requests into one tensor: a
 # prefill of 6 tokens, a chunk of 3 tokens over 5 cached ones, and two decodes of one
@@ -265,9 +358,13 @@ for backend in ["reference", "sdpa"]:
     assert err < 1e-12
 
 # %% [markdown]
-# Both backends agree with the reference to float64 rounding. The `sdpa` backend
-# batches all the decodes into one call, padding their caches to the longest and
-# masking the padding. A third backend, `flash`, calls flash-attn's varlen kernel
+# Both backends agree with the reference to float64 rounding. In the `sdpa` backend a
+# prefill chunk takes its own keys straight from the step and reads its cached prefix
+# from the pool as a view when its blocks are consecutive (the model reads it once per
+# step for every layer, copying only when the blocks are scattered). Decodes go in
+# buckets of up to 8 of similar length, one call per bucket, their caches padded to the
+# longest; the padding mask of each bucket is planned once per step, and a bucket whose
+# requests have one length needs none. A third backend, `flash`, calls flash-attn's varlen kernel
 # straight on the paged cache. It exists only on CUDA machines with the `flash-attn`
 # package, computes in float16 or bfloat16 only, and its paged mode needs blocks of a
 # multiple of 256 tokens. Our step breaks all three rules (CPU, float64, 4-token blocks),
@@ -291,9 +388,14 @@ except ValueError as e:
 #   `torch.nn.attention.bias.causal_lower_right`.
 # - Attention over a union of key sets is a log-sum-exp-weighted merge of the parts:
 #   exact, in any number of pieces.
+# - So a chunk needs no mask tensor: no mask over its cached prefix, `is_causal` over the
+#   square of the chunk against itself (where it is exact), and one merge.
 # - The engine's `reference` and `sdpa` backends agree on packed, paged steps mixing
 #   prefills, chunks and decodes.
 #
 # **Exercises:** `exercises/01_causal_attention.ipynb`: write the bottom-right mask,
 # grouped-query causal attention and the log-sum-exp merge, each checked against the
 # engine.
+#
+# **Next:** chapter 2 puts this attention inside a Llama-style model, with RoPE and
+# grouped-query heads, and matches a real checkpoint against `transformers`.

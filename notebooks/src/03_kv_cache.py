@@ -296,10 +296,12 @@ print("after freeing every request:", demo.num_free_blocks, "free blocks, 0 leak
 # the block table. Does a paged cache hold the same numbers as a contiguous one? We prefill
 # two prompts through one `ModelRunner` in alternating chunks, so their blocks interleave,
 # then gather each request's KV through its block table and compare with a prefill of that
-# prompt alone.
+# prompt alone. `PagedKVCache.gather` reads every layer at once with `kv_cache.gather_kv`,
+# the one gather the engine has (attention reads a chunk's cached prefix with it too):
+# a view when the blocks are consecutive in the pool, one copy when they are not.
 
 # %% slideshow={"slide_type": "subslide"}
-show_source(PagedKVCache.gather)
+show_source(kv_cache.gather_kv)
 
 # %% slideshow={"slide_type": "fragment"}
 prompts = {"x": list(range(40, 90)), "y": list(range(100, 137))}
