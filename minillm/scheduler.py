@@ -225,8 +225,8 @@ class Scheduler:
                 self._release_cached_prefix(request, cached)
                 break
             if not self.blocks.can_allocate(request.request_id, request.num_tokens):
+                self._release_cached_prefix(request, cached)
                 if admitted or not self.running:
-                    self._release_cached_prefix(request, cached)
                     break
                 # The first prompt must go in: make room from the newest runner.
                 self._preempt(self.running[-1], step)
@@ -337,9 +337,10 @@ class Scheduler:
     # ---- prefix caching hooks (no-ops without prefix_cache) -----------------------------
     def _claim_cached_prefix(self, request: Request) -> int:
         """A waiting request skips its longest cached prefix: whole blocks, never
-        its last token. Returns its cached tokens."""
-        if request.num_computed_tokens == 0:
-            request.num_computed_tokens = self.blocks.claim_cached_prefix(request)
+        its last token. Returns the tokens this call claimed (0: none)."""
+        if request.num_computed_tokens or self.blocks.block_tables.get(request.request_id):
+            return 0
+        request.num_computed_tokens = self.blocks.claim_cached_prefix(request)
         return request.num_computed_tokens
 
     def _release_cached_prefix(self, request: Request, cached: int) -> None:
