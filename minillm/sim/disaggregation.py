@@ -33,7 +33,8 @@ from .simulator import (CostModelExecutor, DUMMY_TOKEN, default_sim_num_blocks, 
 from .workloads import Workload
 
 __all__ = ["ServingRun", "simulate_aggregated", "simulate_disaggregated", "kv_transfer_s",
-           "goodput_rate", "DEFAULT_INTERCONNECT_BYTES_S"]
+           "goodput_rate", "highest_rate_meeting",
+           "DEFAULT_INTERCONNECT_BYTES_S"]
 
 # One 200 Gb/s network port (InfiniBand HDR / 200 GbE RoCE): 25 GB/s. Between
 # two GPUs of one NVLink node it would be ~10x more; across a 25 GbE link, 8x less.
@@ -164,13 +165,20 @@ def _serve_decodes(workload, arrivals, sched, cfg, hw, dtype_bytes) -> dict[int,
 def goodput_rate(runs_by_rate: dict[float, ServingRun], ttft_slo_s: float | None, tpot_slo_s: float | None,
                  attainment: float = 0.9) -> float:
     """DistServe's goodput: the highest request rate (req/s) at which at least
-    `attainment` of the requests meet both SLOs, scanning rates upward and
-    stopping at the first that fails. 0.0 if even the lowest fails."""
+    `attainment` of the requests meet both SLOs (see highest_rate_meeting)."""
+    return highest_rate_meeting({rate: run.summary(ttft_slo_s, tpot_slo_s)["slo_attainment"]
+                                 for rate, run in runs_by_rate.items()}, attainment)
+
+
+def highest_rate_meeting(attainment_by_rate: dict[float, float], attainment: float = 0.9) -> float:
+    """Scanning rates upward, the last one whose SLO attainment is at least
+    `attainment`, stopping at the first that falls short (a rate that passes
+    again above it is luck, not capacity). 0.0 if even the lowest fails."""
     if not 0 < attainment <= 1:
         raise ValueError(f"attainment={attainment!r}: must be in (0, 1]")
     best = 0.0
-    for rate in sorted(runs_by_rate):
-        if runs_by_rate[rate].summary(ttft_slo_s, tpot_slo_s)["slo_attainment"] < attainment:
+    for rate in sorted(attainment_by_rate):
+        if attainment_by_rate[rate] < attainment:
             break
         best = rate
     return best
