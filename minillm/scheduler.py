@@ -24,8 +24,8 @@ Short prompts stuck behind a long one (vllm-project/vllm#21495): under
                  so the rest of the chunk goes to the prompts behind it. 0: off.
   max_num_partial_prefills      how many prompts may be mid-prefill at once
                  (vLLM PR #10235); above 1 the step's prefill tokens are split
-                 evenly among them, and a long prompt left at 0 gets 4% of the
-                 model's context, as vLLM does.
+                 evenly among them, and a threshold left at 0 becomes 4% of
+                 the model's context, as in vLLM.
   max_long_partial_prefills     how many of those may be long: a short prompt
                  overtakes a long one that would exceed it.
 """
