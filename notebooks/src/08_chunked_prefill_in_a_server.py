@@ -140,25 +140,25 @@ assert engine.trace[-1].scheduled == [(rid, 5)]
 # A cached block holds the K and V the request would have computed itself, but computed
 # in another step with other chunk boundaries, so in floats it may differ by reduction
 # order (chapter 4). Greedy tokens must not change. Check it in float64 and float32,
-# across policies and chunk sizes, and in a pool of 12 blocks that forces eviction and
+# across policies and chunk sizes, and in a pool of 8 blocks that forces eviction and
 # preemption:
 
 # %%
 def outputs(model, policy, chunk_size, num_blocks, caching, prompts):
     engine = LLMEngine(model, SchedulerConfig(policy=policy, chunk_size=chunk_size, max_num_seqs=3),
                        num_blocks=num_blocks, enable_prefix_caching=caching)
-    outs = [o.output_token_ids for o in engine.generate(prompts, SamplingParams(max_tokens=6, ignore_eos=True))]
+    outs = [o.output_token_ids for o in engine.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True))]
     bm = engine.block_manager
     assert bm.num_leaked_blocks() == 0 and (not caching or not bm.check_invariants())
     return outs, getattr(bm, "num_evictions", 0), sum(len(s.preempted) for s in engine.trace)
 
 rng = random.Random(2)
-shared = rng.choices(range(model.cfg.vocab_size), k=40)
-prompts = [shared + rng.choices(range(model.cfg.vocab_size), k=rng.randint(1, 16)) for _ in range(4)]
-prompts += [list(prompts[0]), shared[:32]]
+shared = rng.choices(range(model.cfg.vocab_size), k=24)
+prompts = [shared + rng.choices(range(model.cfg.vocab_size), k=rng.randint(1, 8)) for _ in range(4)]
+prompts += [list(prompts[0]), shared[:16]]
 model32 = model if device.type == "cpu" else minillm.build_model("tiny", seed=0, device="cpu")
 for m in (model64, model32):
-    for policy, chunk, pool in [("chunked", 8, POOL), ("chunked", 32, 12), ("decode_first", 16, 12),
+    for policy, chunk, pool in [("chunked", 8, POOL), ("chunked", 16, 8), ("decode_first", 16, 8),
                                 ("prefill_first", 16, POOL)]:
         off, _, preempt_off = outputs(m, policy, chunk, pool, False, prompts)
         on, evictions, preempt_on = outputs(m, policy, chunk, pool, True, prompts)
@@ -174,16 +174,16 @@ for m in (model64, model32):
 #
 # ### What it buys: a chat server with one system prompt
 #
-# Twelve chats share a 256-token system prompt and add 8-32 tokens each. On the real engine
+# Eight chats share a 128-token system prompt and add 8-16 tokens each. On the real engine
 # (this machine) and in the simulator (Llama-3-8B on an H100, 64 chats with a 2048-token
 # system prompt arriving at 8 per second):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 rows = []
-chats = shared_system_prompt_chat(12, system_prompt_len=256, user_len=(8, 32), output_len=4)
+chats = shared_system_prompt_chat(8, system_prompt_len=128, user_len=(8, 16), output_len=2)
 for caching in (False, True):
-    engine = LLMEngine(model, SchedulerConfig(chunk_size=256), num_blocks=POOL, enable_prefix_caching=caching)
+    engine = LLMEngine(model, SchedulerConfig(chunk_size=128), num_blocks=POOL, enable_prefix_caching=caching)
     outs = engine.run_workload(chats)
     rows.append(("engine (tiny, this machine)", caching, minillm.metrics.summarize(outs)["ttft"]["mean"],
                  prefill_tokens(engine.trace), sum(o.prompt_len for o in outs)))
@@ -245,7 +245,7 @@ show_source(Scheduler._prefill_cap)
 # %% [markdown]
 # One 8000-token prompt, then 8 prompts of 64 tokens queued behind it, Llama-3-8B on an
 # H100, chunks of 512, the cap at half a chunk (and the same on the real engine: a
-# 3072-token prompt, 6 short ones, chunks of 256, a cap of 128):
+# 1024-token prompt, 4 short ones, chunks of 128, a cap of 64):
 
 # %%
 knobs = {"FCFS (ch. 6)": {}, "long-prefill cap": dict(long_prefill_token_threshold=256),
@@ -262,14 +262,14 @@ for name, extra in knobs.items():
 # %%
 # NBVAL_IGNORE_OUTPUT
 engine_rows = {}
-engine_knobs = {"FCFS (ch. 6)": {}, "long-prefill cap": dict(long_prefill_token_threshold=128),
+engine_knobs = {"FCFS (ch. 6)": {}, "long-prefill cap": dict(long_prefill_token_threshold=64),
                 "4 partial prefills": dict(max_num_partial_prefills=4)}
 for name, extra in engine_knobs.items():
-    sched = SchedulerConfig(chunk_size=256, **extra)
-    outs = LLMEngine(model, sched, num_blocks=POOL).run_workload(long_then_short(3072, 6, 32, 4))
+    sched = SchedulerConfig(chunk_size=128, **extra)
+    outs = LLMEngine(model, sched, num_blocks=POOL).run_workload(long_then_short(1024, 4, 16, 2))
     short = [o.metrics.ttft for o in outs if o.tag == "short"]
     engine_rows[name] = (sum(short) / len(short), next(o.metrics.ttft for o in outs if o.tag == "long"))
-    print(f"engine, chunk 256, threshold {sched.long_prefill_token_threshold:3d}, "
+    print(f"engine, chunk 128, threshold {sched.long_prefill_token_threshold:3d}, "
           f"{sched.max_num_partial_prefills} partial prefills: short TTFT mean {engine_rows[name][0] * 1e3:7.1f} ms, long TTFT {engine_rows[name][1] * 1e3:7.1f} ms")
 
 # %%
