@@ -19,6 +19,7 @@ import torch
 from .device import synchronize
 from .kv_cache import BlockManager, blocks_for
 from .model_runner import ModelRunner, StepChunk, check_prompt
+from .prefix_cache import make_block_manager
 from .request import Request, RequestOutput, SamplingParams
 from .sampler import make_generator, sample_token
 from .scheduler import ScheduledStep, Scheduler, SchedulerConfig
@@ -78,7 +79,7 @@ class EngineCore:
             raise TypeError(f"sched must be a SchedulerConfig, got {type(config).__name__}")
         self.config = config
         self.block_manager = block_manager
-        self.scheduler = Scheduler(config, block_manager)
+        self.scheduler = Scheduler(config, block_manager, max_model_len=max_model_len)
         self.executor = executor
         self.clock = clock
         self.eos_token_ids = tuple(eos_token_ids)
@@ -142,6 +143,7 @@ class EngineCore:
         outputs = []
         for (request, n), sample in zip(plan.scheduled, samples):
             request.num_computed_tokens += n
+            self.block_manager.cache_computed_blocks(request)   # prefix caching: name full blocks
             if not sample:
                 continue
             request.append_token(sampled_tokens[request.request_id], end)
@@ -295,11 +297,14 @@ class LLMEngine(EngineCore):
     """The real engine: a model, a scheduler config and a paged KV pool."""
 
     def __init__(self, model, sched: SchedulerConfig | None = None, block_size: int = 16,
-                 num_blocks: int | None = None, backend: str | None = None):
+                 num_blocks: int | None = None, backend: str | None = None,
+                 enable_prefix_caching: bool = False):
         sched = sched if sched is not None else SchedulerConfig()
         if num_blocks is None:
             num_blocks = default_num_blocks(model, sched.max_num_seqs, block_size)
-        blocks = BlockManager(num_blocks, block_size)
+        # enable_prefix_caching (vLLM's name): reuse the KV blocks of prefixes
+        # already computed, e.g. a system prompt shared by many chats.
+        blocks = make_block_manager(num_blocks, block_size, enable_prefix_caching)
         super().__init__(sched, blocks, ModelExecutor(model, blocks, backend), WallClock(),
                          eos_token_ids=model.cfg.eos_token_ids, max_model_len=model.cfg.max_position)
         self.model = model

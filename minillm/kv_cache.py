@@ -92,10 +92,13 @@ class BlockManager:
             raise OutOfBlocksError(request_id, missing, self.num_free_blocks)
         table = self.block_tables.setdefault(request_id, [])
         for _ in range(missing):
-            block = self.free_blocks.popleft()
+            block = self._take_free_block()
             self.ref_counts[block] = 1
             table.append(block)
         return table
+
+    def _take_free_block(self) -> int:
+        return self.free_blocks.popleft()
 
     def share(self, src_id, dst_id, num_tokens: int) -> list[int]:
         """Let dst_id reuse the blocks holding src_id's first num_tokens tokens
@@ -131,6 +134,17 @@ class BlockManager:
                              f"{len(table) * self.block_size} tokens; allocate first")
         bs = self.block_size
         return [table[p // bs] * bs + p % bs for p in range(start, end)]
+
+    # Hooks for prefix caching (prefix_cache.PrefixCachingBlockManager
+    # overrides them); a plain pool caches nothing.
+    def claim_cached_prefix(self, request) -> int:
+        return 0
+
+    def release_cached_prefix(self, request, num_tokens: int) -> None:
+        pass
+
+    def cache_computed_blocks(self, request) -> None:
+        pass
 
     def num_leaked_blocks(self) -> int:
         """Blocks neither free nor owned by any table (must always be 0)."""

@@ -15,6 +15,19 @@ Policies:
                  get prefill tokens until the step holds chunk_size of them
                  or hits token_budget. A prompt that does not fit is split
                  and continues next step. A step is C_prefill + N_decode tokens.
+
+Short prompts stuck behind a long one (vllm-project/vllm#21495): under
+"chunked", three knobs with vLLM's names and meanings (vllm/config/scheduler.py):
+  long_prefill_token_threshold  a prompt with more uncomputed tokens than
+                 this is "long"; no request gets more than this many tokens
+                 in one step (vLLM V1's cap in vllm/v1/core/sched/scheduler.py),
+                 so the rest of the chunk goes to the prompts behind it. 0: off.
+  max_num_partial_prefills      how many prompts may be mid-prefill at once
+                 (vLLM PR #10235); above 1 the step's prefill tokens are split
+                 evenly among them, and a threshold left at 0 becomes 4% of
+                 the model's context, as in vLLM.
+  max_long_partial_prefills     how many of those may be long: a short prompt
+                 overtakes a long one that would exceed it.
 """
 from __future__ import annotations
 
@@ -26,6 +39,11 @@ from .kv_cache import BlockManager
 from .request import Request, RequestStatus
 
 POLICIES = ("prefill_first", "decode_first", "chunked")
+
+
+# Policies that split prompts, where the partial-prefill knobs apply.
+PARTIAL_PREFILL_POLICIES = ("chunked",)
+DEFAULT_LONG_PREFILL_FRACTION = 0.04     # vLLM: 4% of max_model_len when partial prefills > 1
 
 
 def _check_positive_int(name: str, value, allow_none: bool = False):
@@ -42,6 +60,9 @@ class SchedulerConfig:
     chunk_size: int = 512             # most prefill tokens in one step ("chunked")
     token_budget: int | None = None   # most tokens of any kind in one step; None: no cap
     max_num_seqs: int = 64            # most requests running at once
+    long_prefill_token_threshold: int = 0   # tokens; a longer prompt is "long" and capped per step
+    max_num_partial_prefills: int = 1       # prompts mid-prefill at once (1: FCFS, chapter 6)
+    max_long_partial_prefills: int = 1      # of which long ones
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -53,6 +74,33 @@ class SchedulerConfig:
             raise ValueError(f"token_budget={self.token_budget} < max_num_seqs={self.max_num_seqs}: under "
                              "'chunked' every running decode needs a token each step, so the budget must "
                              "be at least max_num_seqs")
+        self._check_partial_prefill_knobs()
+
+    def _check_partial_prefill_knobs(self):
+        t = self.long_prefill_token_threshold
+        if isinstance(t, bool) or not isinstance(t, Integral) or t < 0:
+            raise ValueError(f"long_prefill_token_threshold={t!r}: must be an integer >= 0 "
+                             "(tokens; 0 turns the per-step cap off)")
+        _check_positive_int("max_num_partial_prefills", self.max_num_partial_prefills)
+        _check_positive_int("max_long_partial_prefills", self.max_long_partial_prefills)
+        if self.max_long_partial_prefills > self.max_num_partial_prefills:
+            raise ValueError(f"max_long_partial_prefills={self.max_long_partial_prefills}: must be at most "
+                             f"max_num_partial_prefills={self.max_num_partial_prefills} (as in vLLM)")
+        uses_knobs = t > 0 or self.max_num_partial_prefills > 1
+        if uses_knobs and self.policy not in PARTIAL_PREFILL_POLICIES:
+            knob = "long_prefill_token_threshold" if t > 0 else "max_num_partial_prefills"
+            value = t if t > 0 else self.max_num_partial_prefills
+            raise ValueError(f"{knob}={value}: only applies to policies that split prompts "
+                             f"{PARTIAL_PREFILL_POLICIES}, not policy={self.policy!r}")
+
+    def long_prefill_threshold(self, max_model_len: int | None) -> int:
+        """The threshold in force: as set, or vLLM's 4% of the context when
+        partial prefills are on and it was left at 0 (chunk_size without a context)."""
+        if self.long_prefill_token_threshold or self.max_num_partial_prefills == 1:
+            return self.long_prefill_token_threshold
+        if max_model_len is None:
+            return self.chunk_size
+        return max(1, int(max_model_len * DEFAULT_LONG_PREFILL_FRACTION))
 
 
 @dataclass
@@ -77,9 +125,11 @@ class ScheduledStep:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager):
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager,
+                 max_model_len: int | None = None):
         self.config = config
         self.blocks = block_manager
+        self.long_prefill_threshold = config.long_prefill_threshold(max_model_len)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -130,7 +180,7 @@ class Scheduler:
         step.scheduled.append((request, num_tokens))
 
     def _admit(self, request: Request) -> None:
-        self.waiting.popleft()
+        self.waiting.remove(request)        # the head, unless a short prompt overtook a long one
         request.status = RequestStatus.RUNNING
         self.running.append(request)
 
@@ -169,10 +219,13 @@ class Scheduler:
         used = admitted = 0
         while self.waiting and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
+            cached = self._claim_cached_prefix(request)
             n = request.num_uncomputed_tokens
             if admitted and budget is not None and used + n > budget:
+                self._release_cached_prefix(request, cached)
                 break
-            if not self.blocks.can_allocate(request.request_id, n):
+            if not self.blocks.can_allocate(request.request_id, request.num_tokens):
+                self._release_cached_prefix(request, cached)
                 if admitted or not self.running:
                     break
                 # The first prompt must go in: make room from the newest runner.
@@ -190,31 +243,107 @@ class Scheduler:
         prefill_left = self.config.chunk_size
         if budget is not None:
             prefill_left = min(prefill_left, budget - used)
+        if self.config.max_num_partial_prefills > 1:
+            self._schedule_partial_prefills(step, prefill_left)
+            return
         # Prompts already running (split in an earlier step) come first: FCFS.
         for request in list(self.running):
             if prefill_left <= 0:
                 return
             if request not in self.running or request.is_decoding:
                 continue
-            wanted = min(request.num_uncomputed_tokens, prefill_left)
-            n = self._tokens_that_fit(request, wanted)
-            if n == 0:
-                if not self._make_room(request, request.num_computed_tokens + 1, step):
-                    continue
-                n = self._tokens_that_fit(request, wanted)
-            self._schedule(step, request, n)
-            prefill_left -= n
+            prefill_left -= self._continue_prefill(step, request, self._prefill_cap(request, prefill_left))
         # A step that had to preempt admits nobody: the freed blocks would go
         # straight to the request just evicted, to be evicted again next step.
         while (self.waiting and not step.preempted and prefill_left > 0
                and len(self.running) < self.config.max_num_seqs):
-            request = self.waiting[0]
-            # Keep one free block per running request, so that their next
-            # decodes do not have to evict the newcomer at once.
-            n = self._tokens_that_fit(request, min(request.num_uncomputed_tokens, prefill_left),
-                                      reserve_blocks=len(self.running))
+            n = self._start_prefill(step, self.waiting[0], prefill_left)
             if n == 0:
                 return
-            self._admit(request)
-            self._schedule(step, request, n)
             prefill_left -= n
+
+    def _schedule_partial_prefills(self, step: ScheduledStep, prefill_left: int) -> None:
+        """vLLM's concurrent partial prefills (PR #10235): up to
+        max_num_partial_prefills prompts share the step's prefill tokens
+        evenly, at most max_long_partial_prefills of them long; a short
+        prompt overtakes a long one that would exceed that."""
+        cfg = self.config
+        scheduled = {id(r) for r, _ in step.scheduled}
+        ongoing = [r for r in self.running if not r.is_decoding and id(r) not in scheduled]
+        is_long = lambda r: r.num_uncomputed_tokens > self.long_prefill_threshold
+        num_long = sum(map(is_long, ongoing))
+        newcomers = []
+        for request in self.waiting if not step.preempted else ():
+            if (len(ongoing) + len(newcomers) >= cfg.max_num_partial_prefills
+                    or len(self.running) + len(newcomers) >= cfg.max_num_seqs):
+                break
+            if is_long(request):
+                if num_long >= cfg.max_long_partial_prefills:
+                    continue
+                num_long += 1
+            newcomers.append(request)
+        if not ongoing and not newcomers:
+            return
+        share = max(1, prefill_left // (len(ongoing) + len(newcomers)))
+        for request in ongoing:
+            if prefill_left <= 0:
+                return
+            if request in self.running:                 # not preempted to make room meanwhile
+                prefill_left -= self._continue_prefill(step, request,
+                                                       self._prefill_cap(request, min(share, prefill_left)))
+        for request in newcomers:
+            if prefill_left <= 0 or step.preempted:
+                return
+            n = self._start_prefill(step, request, min(share, prefill_left))
+            if n == 0:
+                return
+            prefill_left -= n
+
+    # ---- one prompt's prefill tokens ----------------------------------------------------
+    def _prefill_cap(self, request: Request, tokens_left: int) -> int:
+        """The most prefill tokens request may get now: what it has left, what
+        the step has left, and long_prefill_token_threshold (vLLM V1's cap)."""
+        wanted = min(request.num_uncomputed_tokens, tokens_left)
+        if self.long_prefill_threshold > 0:
+            wanted = min(wanted, self.long_prefill_threshold)
+        return wanted
+
+    def _continue_prefill(self, step: ScheduledStep, request: Request, wanted: int) -> int:
+        """Schedule up to `wanted` more tokens of a running prompt, preempting
+        newer requests for blocks if needed; returns how many it got."""
+        n = self._tokens_that_fit(request, wanted)
+        if n == 0:
+            if not self._make_room(request, request.num_computed_tokens + 1, step):
+                return 0
+            n = self._tokens_that_fit(request, wanted)
+        self._schedule(step, request, n)
+        return n
+
+    def _start_prefill(self, step: ScheduledStep, request: Request, tokens_left: int) -> int:
+        """Admit a waiting prompt with up to tokens_left of its tokens, starting
+        after its cached prefix; 0 (and nothing changed) if none fit."""
+        cached = self._claim_cached_prefix(request)
+        # Keep one free block per running request, so that their next
+        # decodes do not have to evict the newcomer at once.
+        n = self._tokens_that_fit(request, self._prefill_cap(request, tokens_left),
+                                  reserve_blocks=len(self.running))
+        if n == 0:
+            self._release_cached_prefix(request, cached)
+            return 0
+        self._admit(request)
+        self._schedule(step, request, n)
+        return n
+
+    # ---- prefix caching hooks (no-ops without prefix_cache) -----------------------------
+    def _claim_cached_prefix(self, request: Request) -> int:
+        """A waiting request skips its longest cached prefix: whole blocks, never
+        its last token. Returns the tokens this call claimed (0: none)."""
+        if request.num_computed_tokens or self.blocks.block_tables.get(request.request_id):
+            return 0
+        request.num_computed_tokens = self.blocks.claim_cached_prefix(request)
+        return request.num_computed_tokens
+
+    def _release_cached_prefix(self, request: Request, cached: int) -> None:
+        if cached:
+            self.blocks.release_cached_prefix(request, cached)
+            request.num_computed_tokens = 0

@@ -303,8 +303,8 @@ def main(argv: list[str]) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m minillm bench")
-    parser.add_argument("which", choices=["chunk-cost", "interference", "hf", "simulator", "all"],
-                        nargs="?", default="all")
+    parser.add_argument("which", choices=["chunk-cost", "interference", "hf", "simulator", "prefix-cache",
+                                          "partial-prefills", "all"], nargs="?", default="all")
     parser.add_argument("--out", default="bench-results", help="folder for the JSON results and figures")
     parser.add_argument("--shape", choices=sorted(BENCH_SHAPES) + ["all"], default="tiny",
                         help="model shape for chunk-cost, interference and hf ('all': each in turn)")
@@ -329,6 +329,9 @@ def main(argv: list[str]) -> int:
               f"others): median error {r['median_abs_rel_error']:.1%}, p90 {r['p90_abs_rel_error']:.1%}, "
               f"max {r['max_abs_rel_error']:.1%} (an uncalibrated roofline from calibrate(): "
               f"{r['calibrate_median_abs_rel_error']:.0%})")
+    if args.which in ("prefix-cache", "partial-prefills", "all"):
+        from .bench_ch8 import report
+        results.update(report(args.which))
     (out / "bench.json").write_text(json.dumps(results, indent=1, default=str))
     print(f"\nresults written to {out}/")
     return 0

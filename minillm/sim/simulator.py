@@ -17,7 +17,8 @@ from ..config import ModelConfig
 from .cost_model import StepTime, predict_step
 from ..engine import EngineCore, StepRecord, VirtualClock
 from .hardware import Hardware, PROFILES, get_hardware
-from ..kv_cache import BlockManager, blocks_for
+from ..kv_cache import blocks_for
+from ..prefix_cache import make_block_manager
 from ..metrics import distribution, summarize
 from ..request import RequestOutput
 from ..scheduler import SchedulerConfig
@@ -131,13 +132,15 @@ class SimResult:
 def simulate(workload: Workload, sched: SchedulerConfig | None = None, model="llama-3-8b",
              hardware="A100-80GB", dtype_bytes: int = 2, block_size: int = 16,
              num_blocks: int | None = None, ttft_slo_s: float | None = None,
-             tpot_slo_s: float | None = None) -> SimResult:
+             tpot_slo_s: float | None = None, enable_prefix_caching: bool = False) -> SimResult:
     """Serve `workload` with the engine's scheduler; step times from the cost model.
 
     model: a preset name or ModelConfig. hardware: a profile name
     ("A100-40GB", "A100-80GB", "H100-SXM", "H200") or a Hardware object such as
     hardware.calibrate()'s. num_blocks=None: the KV blocks the GPU's memory
-    holds next to the weights (default_sim_num_blocks).
+    holds next to the weights (default_sim_num_blocks). enable_prefix_caching:
+    as LLMEngine's; the requests then carry the workload's token ids, since
+    a cache hit is decided by the tokens.
     """
     if not isinstance(workload, Workload):
         raise ValueError(f"workload={workload!r}: give a minillm.workloads.Workload "
@@ -153,9 +156,11 @@ def simulate(workload: Workload, sched: SchedulerConfig | None = None, model="ll
         num_blocks = default_sim_num_blocks(cfg, hw, sched, block_size, dtype_bytes)
     elif isinstance(num_blocks, bool) or not isinstance(num_blocks, Integral) or num_blocks < 1:
         raise ValueError(f"num_blocks={num_blocks!r}: must be a positive integer or None")
-    core = EngineCore(sched, BlockManager(int(num_blocks), block_size),
+    core = EngineCore(sched, make_block_manager(int(num_blocks), block_size, enable_prefix_caching),
                       CostModelExecutor(cfg, hw, dtype_bytes), VirtualClock(),
                       eos_token_ids=(), max_model_len=cfg.max_position)
+    if enable_prefix_caching:
+        core.vocab_size = cfg.vocab_size       # token ids, so that equal prefixes hash alike
     outputs = core.run_workload(workload)
     return SimResult(outputs=outputs, trace=core.trace, model=cfg, hardware=hw, sched=sched,
                      workload=workload, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s)
