@@ -13,9 +13,9 @@ p % block_size; its flat slot is block * block_size + offset.
 from __future__ import annotations
 
 from collections import deque
-from numbers import Integral
-
 import torch
+
+from .validation import check_int
 
 
 class OutOfBlocksError(RuntimeError):
@@ -33,17 +33,13 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 
 def _check_num_tokens(num_tokens, arg: str = "num_tokens") -> int:
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, Integral) or num_tokens < 0:
-        raise ValueError(f"{arg}={num_tokens!r}: must be a non-negative integer number of tokens")
-    return int(num_tokens)
+    return check_int(arg, num_tokens, 0)
 
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int):
-        if not isinstance(num_blocks, int) or num_blocks < 1:
-            raise ValueError(f"num_blocks={num_blocks!r}: must be a positive integer")
-        if not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size={block_size!r}: must be a positive integer (16 is usual)")
+        num_blocks = check_int("num_blocks", num_blocks, 1, hint="64, or None for the default")
+        block_size = check_int("block_size", block_size, 1, hint="16")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.free_blocks: deque[int] = deque(range(num_blocks))
@@ -100,6 +96,14 @@ class BlockManager:
             if self.ref_counts[block] == 0:
                 self.free_blocks.append(block)
 
+    def snapshot(self):
+        """A copy of the bookkeeping, for restore() (the engine undoes a failed step)."""
+        return {name: _copy_container(value) for name, value in vars(self).items()}
+
+    def restore(self, snapshot) -> None:
+        for name, value in snapshot.items():
+            setattr(self, name, _copy_container(value))
+
     def slot_mapping(self, request_id, start: int, end: int) -> list[int]:
         """Flat cache slots of positions [start, end) of request_id."""
         if request_id not in self.block_tables:
@@ -118,6 +122,16 @@ class BlockManager:
         owned = {b for table in self.block_tables.values() for b in table}
         free = set(self.free_blocks)
         return sum(1 for b in range(self.num_blocks) if b not in owned and b not in free)
+
+
+def _copy_container(value):
+    """Copy lists, deques, sets and dicts one level down (dict values too):
+    enough for the free list, reference counts and block tables."""
+    if isinstance(value, dict):
+        return {k: _copy_container(v) for k, v in value.items()}
+    if isinstance(value, (list, deque, set)):
+        return type(value)(value)
+    return value
 
 
 class PagedKVCache:
