@@ -18,7 +18,7 @@ from numbers import Integral
 
 import torch
 
-from .device import synchronize
+from .device import available_ram_bytes, synchronize
 from .kv_cache import BlockManager, blocks_for
 from .model import LlamaModel
 from .model_runner import ModelRunner, StepChunk, check_prompt
@@ -431,23 +431,12 @@ def default_num_blocks(model, max_num_seqs: int, block_size: int) -> int:
     if model.device.type == "cuda":
         free_bytes = torch.cuda.mem_get_info(model.device)[0] // 2
     else:
-        free_bytes = min(_available_ram_bytes() // 10, CPU_POOL_CAP_BYTES)
+        free_bytes = min((available_ram_bytes() or 4 * 2**30) // 10, CPU_POOL_CAP_BYTES)
     if bytes_per_block > free_bytes:    # not even one block fits: do not round up to one
         raise ValueError(f"block_size={block_size}: one block of {bytes_per_block / 2**20:.0f} MiB exceeds the "
                          f"{free_bytes / 2**20:.0f} MiB the default pool may take (try block_size=16, "
                          "or pass num_blocks)")
     return min(wanted, free_bytes // bytes_per_block)
-
-
-def _available_ram_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 4 * 2**30
 
 
 class LLMEngine(EngineCore):
