@@ -81,7 +81,7 @@ def check_real(name: str, value, minimum: float | None = None, maximum: float | 
 
 def check_bool(name: str, value, hint: str | None = None) -> bool:
     """True or False (numpy bools too); never a truthy string such as 'no'."""
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
+    if isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")):
         return bool(value)
     raise ArgumentTypeError(_message(name, value, "must be True or False", hint))
 
