@@ -89,11 +89,9 @@ def check_bool(name: str, value, hint: str | None = None) -> bool:
 def check_choice(name: str, value, choices, hint: str | None = None):
     """One of `choices` (compared with ==)."""
     choices = tuple(choices)
-    try:
-        if value in choices:
-            return value
-    except TypeError:          # an unhashable or incomparable value is simply not a choice
-        pass
+    # Compare only values of the choice's own type: an array's == is not a bool.
+    if any(type(value) is type(choice) and value == choice for choice in choices):
+        return value
     raise ValueError(_message(name, value, f"unknown; choose one of {choices}", hint))
 
 
