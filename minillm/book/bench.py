@@ -9,6 +9,7 @@ asserts in tests (shared machines are noisy).
   hf            useful output tokens/s against transformers' generate on the
                 same weights and requests (batches of 8, left padding)
   simulator     the cost model's predicted step times against measured ones
+  memory        heap growth per request of a long-running engine (bench_memory.py)
 """
 from __future__ import annotations
 
@@ -209,10 +210,11 @@ def main(argv: list[str]) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m minillm bench")
-    parser.add_argument("which", choices=["interference", "hf", "simulator", "all"], nargs="?", default="all")
+    parser.add_argument("which", choices=["interference", "hf", "simulator", "memory", "all"], nargs="?", default="all")
     parser.add_argument("--out", default="bench-results", help="folder for the JSON results and figures")
     parser.add_argument("--prompt-len", type=int, default=2048)
     parser.add_argument("--num-decoders", type=int, default=8)
+    parser.add_argument("--memory-requests", type=int, default=20_000, help="requests served by `memory`")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -248,6 +250,12 @@ def main(argv: list[str]) -> int:
               f"others): median error {r['median_abs_rel_error']:.1%}, p90 {r['p90_abs_rel_error']:.1%}, "
               f"max {r['max_abs_rel_error']:.1%} (an uncalibrated roofline from calibrate(): "
               f"{r['calibrate_median_abs_rel_error']:.0%})")
+    if args.which in ("memory", "all"):
+        from .bench_memory import bench_memory, report
+        results["memory"] = bench_memory(args.memory_requests, warmup_requests=args.memory_requests // 4)
+        print(f"\nMemory of a long-running engine ({args.memory_requests:,} short requests, "
+              "heap growth after a quarter of them)")
+        print(report(results["memory"]))
     (out / "bench.json").write_text(json.dumps(results, indent=1, default=str))
     print(f"\nresults written to {out}/")
     return 0
