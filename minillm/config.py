@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-from .validation import check_instance, check_int, check_real
+from .validation import check_instance, check_int, check_int_sequence, check_real
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -48,6 +48,12 @@ class ModelConfig:
         for arg in ("rope_theta", "rms_norm_eps"):
             object.__setattr__(self, arg, check_real(arg, getattr(self, arg), 0, exclusive_minimum=True))
         check_rope_scaling(self.rope_scaling)
+        for arg in ("bos_token_id", "eos_token_id"):
+            value = getattr(self, arg)
+            if isinstance(value, (list, tuple)):
+                object.__setattr__(self, arg, check_int_sequence(arg, value, 0))
+            else:
+                object.__setattr__(self, arg, check_int(arg, value, 0, allow_none=True))
         if self.head_dim is None:
             if self.hidden_size % self.num_heads:
                 raise ValueError(f"hidden_size={self.hidden_size} is not divisible by "

@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from numbers import Integral
 
 import torch
 
@@ -25,7 +24,7 @@ from .model_runner import ModelRunner, StepChunk, check_prompt
 from .request import Request, RequestOutput, RequestStatus, SamplingParams
 from .sampler import make_generator, sample_token
 from .scheduler import ScheduledStep, Scheduler, SchedulerConfig
-from .validation import ArgumentTypeError, check_instance, check_int, check_int_sequence, check_real
+from .validation import ArgumentTypeError, check_instance, check_int, check_int_sequence, check_real, is_int
 
 
 @dataclass
@@ -205,7 +204,7 @@ class EngineCore:
         """What a step may change before its forward pass succeeds: the queues,
         the running requests' counters and the block tables."""
         running = [(r, r.status, r.num_computed_tokens, r.num_preemptions) for r in self.scheduler.running]
-        return (list(self.scheduler.waiting), running, self.block_manager.snapshot())
+        return (list(self.scheduler.waiting), running, self.block_manager.checkpoint())
 
     def _restore_state(self, saved) -> None:
         waiting, running, blocks = saved
@@ -216,7 +215,7 @@ class EngineCore:
                 status, num_computed, num_preemptions
         self.scheduler.waiting = deque(waiting)
         self.scheduler.running = [r for r, *_ in running]
-        self.block_manager.restore(blocks)
+        self.block_manager.rollback(blocks)
 
     def step(self) -> list[RequestOutput]:
         """Run one step; return the requests that got a token (or finished) in it.
@@ -244,7 +243,7 @@ class EngineCore:
         outputs = []
         for (request, n), emits in zip(plan.scheduled, emits_token):
             token = sampled_tokens.get(request.request_id) if emits else None
-            if emits and not isinstance(token, Integral):
+            if emits and not is_int(token):
                 error = str(token) if isinstance(token, RequestFailed) else f"executor gave no token: {token!r}"
                 self._finish(request, "error", end, error=error)
                 outputs.append(request.to_output())

@@ -92,17 +92,39 @@ class BlockManager:
     def free(self, request_id) -> None:
         """Return every block of request_id whose last user it was."""
         for block in self.block_tables.pop(request_id, ()):
-            self.ref_counts[block] -= 1
-            if self.ref_counts[block] == 0:
-                self.free_blocks.append(block)
+            self._release(block)
 
-    def snapshot(self):
-        """A copy of the bookkeeping, for restore() (the engine undoes a failed step)."""
-        return {name: _copy_container(value) for name, value in vars(self).items()}
+    def checkpoint(self) -> dict:
+        """What rollback() needs to undo the allocations and frees that follow:
+        each table (the list itself, not a copy) and its length. O(requests):
+        cheap enough to take before every step. Relies on tables only growing
+        at the end (allocate) or going whole (free)."""
+        return {request_id: (table, len(table)) for request_id, table in self.block_tables.items()}
 
-    def restore(self, snapshot) -> None:
-        for name, value in snapshot.items():
-            setattr(self, name, _copy_container(value))
+    def rollback(self, checkpoint: dict) -> None:
+        """Put every table back as it was at checkpoint(); blocks taken since
+        return to the pool, blocks freed since are owned again."""
+        for request_id in [r for r in self.block_tables if r not in checkpoint]:
+            self.free(request_id)                     # allocated after the checkpoint
+        reowned = set()
+        for request_id, (table, length) in checkpoint.items():
+            if self.block_tables.get(request_id) is table:
+                for block in table[length:]:          # grown since: give the growth back
+                    self._release(block)
+            else:                                     # freed since: take its blocks back
+                for block in table[:length]:
+                    if self.ref_counts[block] == 0:
+                        reowned.add(block)
+                    self.ref_counts[block] += 1
+                self.block_tables[request_id] = table
+            del table[length:]
+        if reowned:
+            self.free_blocks = deque(b for b in self.free_blocks if b not in reowned)
+
+    def _release(self, block: int) -> None:
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block] == 0:
+            self.free_blocks.append(block)
 
     def slot_mapping(self, request_id, start: int, end: int) -> list[int]:
         """Flat cache slots of positions [start, end) of request_id."""
@@ -122,16 +144,6 @@ class BlockManager:
         owned = {b for table in self.block_tables.values() for b in table}
         free = set(self.free_blocks)
         return sum(1 for b in range(self.num_blocks) if b not in owned and b not in free)
-
-
-def _copy_container(value):
-    """Copy lists, deques, sets and dicts one level down (dict values too):
-    enough for the free list, reference counts and block tables."""
-    if isinstance(value, dict):
-        return {k: _copy_container(v) for k, v in value.items()}
-    if isinstance(value, (list, deque, set)):
-        return type(value)(value)
-    return value
 
 
 class PagedKVCache:

@@ -28,7 +28,7 @@ def _message(name: str, value, rule: str, hint: str | None) -> str:
 
 def is_int(value) -> bool:
     """True for Python and numpy integers; False for bools and everything else."""
-    return isinstance(value, Integral) and not isinstance(value, bool)
+    return type(value) is int or (isinstance(value, Integral) and not isinstance(value, bool))
 
 
 def _range_rule(minimum, maximum) -> str:
@@ -44,6 +44,8 @@ def _range_rule(minimum, maximum) -> str:
 def check_int(name: str, value, minimum: int | None = None, maximum: int | None = None, *,
               allow_none: bool = False, hint: str | None = None) -> int | None:
     """An integer in [minimum, maximum], returned as a Python int."""
+    if type(value) is int and (minimum is None or value >= minimum) and (maximum is None or value <= maximum):
+        return value          # the common case, first: the cost model checks every step's shape
     if value is None and allow_none:
         return None
     bounds = _range_rule(minimum, maximum)

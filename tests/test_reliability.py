@@ -71,7 +71,7 @@ def test_a_failed_forward_pass_leaves_the_engine_as_before_the_step(model, monke
     def state():
         bm = engine.block_manager
         return ([(r.request_id, r.status, r.num_computed_tokens, list(r.output_token_ids))
-                 for r in engine.requests.values()], list(bm.free_blocks),
+                 for r in engine.requests.values()], sorted(bm.free_blocks),   # which, not in what order
                 {k: list(v) for k, v in bm.block_tables.items()},
                 [r.request_id for r in engine.scheduler.waiting], [r.request_id for r in engine.scheduler.running])
     before = state()
@@ -295,3 +295,19 @@ def test_numpy_integers_work_where_ints_do(model):
     prompt = np.array([4, 5, 6])
     out = engine.generate([prompt], SamplingParams(max_tokens=np.int64(4), ignore_eos=np.bool_(True)))[0]
     assert out.output_token_ids == fresh_output(model, [4, 5, 6])
+
+
+def test_block_rollback_undoes_allocations_and_frees_of_a_step():
+    bm = BlockManager(8, 4)
+    bm.allocate("a", 8)
+    bm.allocate("b", 4)
+    tables = {k: list(v) for k, v in bm.block_tables.items()}
+    free = sorted(bm.free_blocks)
+    checkpoint = bm.checkpoint()
+    bm.free("b")                       # a preemption ...
+    bm.allocate("a", 16)               # ... growth that reuses b's block ...
+    bm.allocate("c", 4)                # ... and an admission
+    bm.rollback(checkpoint)
+    assert {k: list(v) for k, v in bm.block_tables.items()} == tables
+    assert sorted(bm.free_blocks) == free and bm.num_leaked_blocks() == 0
+    assert [bm.ref_counts[b] for b in range(8)] == [1 if b not in free else 0 for b in range(8)]

@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..config import ModelConfig
-from ..validation import check_bool, check_choice, check_int
+from ..validation import check_bool, check_choice, check_int, is_int
 
 __all__ = [
     "OPS", "DTYPE_BYTES", "StepCost", "step_cost", "prefill_flops", "prefill_cost",
@@ -103,7 +103,7 @@ def _check_int(name: str, value, minimum: int) -> int:
 def normalize_step(requests) -> list[tuple[int, int, bool]]:
     """Check a step's shape and return [(num_new_tokens, num_cached_tokens, samples)]."""
     if isinstance(requests, tuple) and len(requests) in (2, 3) and all(
-            isinstance(x, int) for x in requests[:2]):
+            is_int(x) for x in requests[:2]):
         raise TypeError(f"requests={requests!r}: pass a list of requests, "
                         f"e.g. [{requests!r}]")
     out = []
