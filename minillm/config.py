@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
+from .validation import check_instance, check_int, check_int_sequence, check_real
+
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
@@ -40,9 +42,18 @@ class ModelConfig:
     def __post_init__(self):
         for arg in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
                     "num_heads", "num_kv_heads", "max_position"):
+            object.__setattr__(self, arg, check_int(arg, getattr(self, arg), 1))
+        if self.head_dim is not None:
+            object.__setattr__(self, "head_dim", check_int("head_dim", self.head_dim, 2))
+        for arg in ("rope_theta", "rms_norm_eps"):
+            object.__setattr__(self, arg, check_real(arg, getattr(self, arg), 0, exclusive_minimum=True))
+        check_rope_scaling(self.rope_scaling)
+        for arg in ("bos_token_id", "eos_token_id"):
             value = getattr(self, arg)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{arg}={value!r}: must be a positive integer")
+            if isinstance(value, (list, tuple)):
+                object.__setattr__(self, arg, check_int_sequence(arg, value, 0))
+            else:
+                object.__setattr__(self, arg, check_int(arg, value, 0, allow_none=True))
         if self.head_dim is None:
             if self.hidden_size % self.num_heads:
                 raise ValueError(f"hidden_size={self.hidden_size} is not divisible by "
@@ -113,6 +124,18 @@ class ModelConfig:
         if missing:
             raise ValueError(f"hf config lacks {missing}: not a decoder config.json "
                              f"(need {list(required)})")
+        # Under Hugging Face's names, so that an error names the key in config.json.
+        for key in required:
+            check_int(key, hf[key], 1)
+        for key in ("num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window"):
+            check_int(key, hf.get(key), 1, allow_none=True)
+        for key in ("rope_theta", "rms_norm_eps"):
+            check_real(key, hf.get(key), 0, exclusive_minimum=True, allow_none=True)
+        eos = hf.get("eos_token_id")
+        if eos is not None and not isinstance(eos, list):
+            check_int("eos_token_id", eos, 0)
+        if hf.get("rope_scaling") is not None:
+            check_instance("rope_scaling", hf["rope_scaling"], dict, "a dict or null")
         archs = hf.get("architectures") or []
         arch = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
@@ -130,11 +153,7 @@ class ModelConfig:
         rope_scaling = hf.get("rope_scaling")
         if rope_scaling is None and rope_parameters.get("rope_type", "default") != "default":
             rope_scaling = {k: v for k, v in rope_parameters.items() if k != "rope_theta"}
-        if rope_scaling is not None:
-            kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
-            if kind not in ("llama3", "linear", "default"):
-                raise ValueError(f"rope_scaling={rope_scaling!r}: only 'llama3' and 'linear' "
-                                 "RoPE scaling are supported")
+        check_rope_scaling(rope_scaling)
         # Mistral-style sliding windows only matter past the window: we cap the
         # length there so every sequence the engine accepts is attended exactly.
         max_position = hf.get("max_position_embeddings", 4096)
@@ -164,6 +183,30 @@ class ModelConfig:
             else hf.get("eos_token_id"),
             architecture=arch,
         )
+
+
+# The keys each RoPE scaling recipe needs (the model reads them at its first forward).
+ROPE_SCALING_KEYS = {
+    "default": (),
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
+
+
+def check_rope_scaling(rope_scaling) -> None:
+    """A supported recipe with every number it needs, checked now rather than
+    as a KeyError in the first forward pass."""
+    if rope_scaling is None:
+        return
+    check_instance("rope_scaling", rope_scaling, dict, "a dict or None")
+    kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
+    if kind not in ROPE_SCALING_KEYS:
+        raise ValueError(f"rope_scaling={rope_scaling!r}: only 'llama3' and 'linear' "
+                         "RoPE scaling are supported")
+    for key in ROPE_SCALING_KEYS[kind]:
+        if key not in rope_scaling:
+            raise ValueError(f"rope_scaling={rope_scaling!r}: the {kind!r} recipe needs {key!r}")
+        check_real(f"rope_scaling[{key!r}]", rope_scaling[key], 0, exclusive_minimum=True)
 
 
 # The built-in model: big enough that a 2048-token prefill visibly stalls a

@@ -12,17 +12,20 @@ the metrics need.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 
-from .device import synchronize
+from .device import available_ram_bytes, synchronize
 from .kv_cache import BlockManager, blocks_for
+from .model import LlamaModel
 from .model_runner import ModelRunner, StepChunk, check_prompt
 from .prefix_cache import make_block_manager
-from .request import Request, RequestOutput, SamplingParams
+from .request import Request, RequestOutput, RequestStatus, SamplingParams
 from .sampler import make_generator, sample_token
 from .scheduler import ScheduledStep, Scheduler, SchedulerConfig
+from .validation import ArgumentTypeError, check_instance, check_int, check_int_sequence, check_real, is_int
 
 
 @dataclass
@@ -72,24 +75,52 @@ class VirtualClock:
         self.t += seconds
 
 
+class RequestFailed(Exception):
+    """What an executor hands back, in place of a token, for a request whose
+    part of the step failed (e.g. its sampling raised): that request finishes
+    with finish_reason="error" and the others keep going."""
+
+
 class EngineCore:
+    """The loop, executor-agnostic.
+
+    max_trace_steps: keep only the last this-many steps in `trace` (None: all;
+    the book plots whole traces, a long-running server needs a bound).
+    max_finished_requests: finished requests stay in `requests` (for lookups
+    such as `engine.requests[rid].metrics`) until this many newer ones have
+    finished; the outputs themselves are returned by step() and generate().
+    """
+
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, executor, clock,
-                 eos_token_ids: tuple[int, ...] = (), max_model_len: int | None = None):
-        if not isinstance(config, SchedulerConfig):
-            raise TypeError(f"sched must be a SchedulerConfig, got {type(config).__name__}")
+                 eos_token_ids: tuple[int, ...] = (), max_model_len: int | None = None,
+                 max_trace_steps: int | None = None, max_finished_requests: int = 1024):
+        check_instance("config", config, SchedulerConfig, "a SchedulerConfig",
+                       hint="SchedulerConfig(policy='chunked')")
+        check_instance("block_manager", block_manager, BlockManager, "a BlockManager",
+                       hint="BlockManager(num_blocks=64, block_size=16)")
         self.config = config
         self.block_manager = block_manager
         self.scheduler = Scheduler(config, block_manager, max_model_len=max_model_len)
         self.executor = executor
         self.clock = clock
-        self.eos_token_ids = tuple(eos_token_ids)
-        self.max_model_len = max_model_len
+        self.eos_token_ids = check_int_sequence("eos_token_ids", tuple(eos_token_ids), 0)
+        self.max_model_len = check_int("max_model_len", max_model_len, 2, allow_none=True)
+        self.max_trace_steps = check_int("max_trace_steps", max_trace_steps, 1, allow_none=True,
+                                         hint="None, or 10000 for a long run")
+        self.max_finished_requests = check_int("max_finished_requests", max_finished_requests, 0)
         self.trace: list[StepRecord] = []
         self.requests: dict[int, Request] = {}
+        self._finished_ids: deque[int] = deque()     # oldest first, to evict from `requests`
         self._next_id = 0
         self.vocab_size: int | None = None    # None: requests carry lengths, not token ids
 
     # ---- requests ---------------------------------------------------------------
+    def _check_params(self, params, arg: str = "params") -> SamplingParams:
+        if params is None:
+            return SamplingParams()
+        return check_instance(arg, params, SamplingParams, "a SamplingParams",
+                              hint="SamplingParams(max_tokens=32), or SamplingParams(**a_dict)")
+
     def _check_request(self, prompt_len: int, params: SamplingParams) -> None:
         if self.max_model_len is not None and prompt_len >= self.max_model_len:
             raise ValueError(f"prompt of {prompt_len} tokens: the model allows at most "
@@ -102,128 +133,240 @@ class EngineCore:
             raise ValueError(f"prompt of {prompt_len} tokens + max_tokens={params.max_tokens} needs {needed} "
                              f"KV blocks but the pool has only num_blocks={self.block_manager.num_blocks}")
 
+    def _check_prompt(self, prompt_token_ids, prompt_len) -> tuple[list[int] | None, int]:
+        """(token ids or None, prompt length). The simulator's requests may
+        carry a length alone; the real engine checks ids against its model."""
+        if prompt_token_ids is None:
+            return None, check_int("prompt_len", prompt_len, 1, hint="give prompt_token_ids or prompt_len=16")
+        ids = list(check_int_sequence("prompt_token_ids", list(prompt_token_ids), 0))
+        if not ids:
+            raise ValueError("prompt_token_ids=[]: the prompt is empty; give at least one token id")
+        return ids, len(ids)
+
     def add_request(self, prompt_token_ids, params: SamplingParams | None = None,
                     arrival_time: float | None = None, *, prompt_len: int | None = None,
                     tag: str | None = None) -> int:
-        """Queue a request; returns its id. A bad request is refused alone
-        (ValueError) and leaves the engine as it was."""
-        params = params if params is not None else SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
-        prompt_token_ids = self._check_prompt(prompt_token_ids, prompt_len)
-        length = len(prompt_token_ids) if prompt_token_ids is not None else prompt_len
+        """Queue a request; returns its id. Everything the request needs is
+        checked here, so a bad request is refused alone (ValueError or
+        TypeError naming the argument) and leaves the engine as it was.
+
+        arrival_time: seconds on the engine's clock, not in its future (None: now).
+        """
+        params = self._check_params(params)
+        prompt_token_ids, length = self._check_prompt(prompt_token_ids, prompt_len)
         self._check_request(length, params)
+        now = self.clock.now()
+        arrival = check_real("arrival_time", arrival_time, allow_none=True, hint="None for now")
+        if arrival is not None and arrival > now:
+            raise ValueError(f"arrival_time={arrival!r}: in the future of the engine's clock (now {now:.6f} s); "
+                             "a request arrives when it is added (try None)")
+        if tag is not None:
+            check_instance("tag", tag, str, "a string or None")
         request_id = self._next_id
         self._next_id += 1
-        arrival = self.clock.now() if arrival_time is None else float(arrival_time)
-        request = Request(request_id, prompt_token_ids, params, arrival, prompt_len=length, tag=tag)
+        request = Request(request_id, prompt_token_ids, params, now if arrival is None else arrival,
+                          prompt_len=length, tag=tag)
         self.requests[request_id] = request
         self.scheduler.add(request)
         return request_id
 
-    def _check_prompt(self, prompt_token_ids, prompt_len):
-        return prompt_token_ids  # the real engine checks ids against its model
+    def abort_request(self, request_id: int) -> RequestOutput | None:
+        """Stop a request now (vLLM's name): its blocks go back to the pool at
+        once and it is never scheduled again. Returns its output, finished
+        with finish_reason="abort"; None if it had already finished."""
+        request_id = check_int("request_id", request_id, 0)
+        if request_id >= self._next_id:
+            raise ValueError(f"request_id={request_id}: no such request (ids so far: 0..{self._next_id - 1})")
+        request = self.requests.get(request_id)
+        if request is None or request.is_finished:
+            return None
+        self._finish(request, "abort", self.clock.now())
+        return request.to_output()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def _finish(self, request: Request, reason: str, time_s: float, error: str | None = None) -> None:
+        request.finish_reason = reason
+        request.error = error
+        request.metrics.finish_time = time_s
+        if reason in ("abort", "error"):        # may be waiting, or mid-prompt
+            self.scheduler.abort(request)
+        else:
+            self.scheduler.finish(request)
+        self.executor.release(request)
+        # Bounded memory: the oldest finished requests leave `requests`.
+        self._finished_ids.append(request.request_id)
+        while len(self._finished_ids) > self.max_finished_requests:
+            self.requests.pop(self._finished_ids.popleft(), None)
+
     # ---- the loop -----------------------------------------------------------------
+    def _save_state(self):
+        """What a step may change before its forward pass succeeds: the queues,
+        the running requests' counters and the block tables."""
+        running = [(r, r.status, r.num_computed_tokens, r.num_preemptions) for r in self.scheduler.running]
+        return (list(self.scheduler.waiting), running, self.block_manager.checkpoint())
+
+    def _restore_state(self, saved) -> None:
+        waiting, running, blocks = saved
+        for request in waiting:           # a waiting request holds no computed tokens
+            request.status, request.num_computed_tokens = RequestStatus.WAITING, 0
+        for request, status, num_computed, num_preemptions in running:
+            request.status, request.num_computed_tokens, request.num_preemptions = \
+                status, num_computed, num_preemptions
+        self.scheduler.waiting = deque(waiting)
+        self.scheduler.running = [r for r, *_ in running]
+        self.block_manager.rollback(blocks)
+
     def step(self) -> list[RequestOutput]:
-        """Run one step; return the requests that got a token in it."""
+        """Run one step; return the requests that got a token (or finished) in it.
+
+        A request whose own part of the step fails finishes with
+        finish_reason="error"; a failure of the whole step (the forward pass)
+        puts the engine back as it was before the step and raises.
+        """
         start = self.clock.now()
-        plan = self.scheduler.schedule()
-        if not plan:
-            return []
-        decode_tokens = sum(n for r, n in plan.scheduled if r.is_decoding)
-        samples = [r.num_computed_tokens + n == r.num_tokens for r, n in plan.scheduled]
-        sampled_tokens, duration_s = self.executor.execute(plan, samples)
+        saved = self._save_state()
+        try:
+            plan = self.scheduler.schedule()
+            if not plan:
+                return []
+            # Which requests reach their last token this step, so get one sampled.
+            emits_token = [r.num_computed_tokens + n == r.num_tokens for r, n in plan.scheduled]
+            num_decode_tokens = plan.num_decode_tokens     # before the counters move
+            sampled_tokens, duration_s = self.executor.execute(plan, emits_token)
+        except BaseException:
+            self._restore_state(saved)
+            raise
         if duration_s is not None:
             self.clock.advance(duration_s)
         end = self.clock.now()
         outputs = []
-        for (request, n), sample in zip(plan.scheduled, samples):
+        for (request, n), emits in zip(plan.scheduled, emits_token):
+            token = sampled_tokens.get(request.request_id) if emits else None
+            if emits and not is_int(token):
+                error = str(token) if isinstance(token, RequestFailed) else f"executor gave no token: {token!r}"
+                self._finish(request, "error", end, error=error)
+                outputs.append(request.to_output())
+                continue
             request.num_computed_tokens += n
             self.block_manager.cache_computed_blocks(request)   # prefix caching: name full blocks
-            if not sample:
+            if not emits:
                 continue
-            request.append_token(sampled_tokens[request.request_id], end)
+            request.append_token(token, end)
             reason = request.check_stop(self.eos_token_ids)
             if reason is None and self.max_model_len is not None and request.num_tokens >= self.max_model_len:
                 reason = "length"
             if reason is not None:
-                request.finish_reason = reason
-                request.metrics.finish_time = end
-                self.scheduler.finish(request)
-                self.executor.release(request)
+                self._finish(request, reason, end)
             outputs.append(request.to_output())
-        self.trace.append(StepRecord(
+        self._record(StepRecord(
             start=start, end=end,
             scheduled=[(r.request_id, n) for r, n in plan.scheduled],
-            num_prefill_tokens=plan.num_tokens - decode_tokens, num_decode_tokens=decode_tokens,
+            num_prefill_tokens=plan.num_tokens - num_decode_tokens, num_decode_tokens=num_decode_tokens,
             preempted=[r.request_id for r in plan.preempted]))
         return outputs
 
+    def _record(self, record: StepRecord) -> None:
+        self.trace.append(record)
+        if self.max_trace_steps is not None and len(self.trace) > self.max_trace_steps:
+            del self.trace[0]     # a list (the book slices it); a memmove of pointers per step
+
+    def _serve(self, ids: list[int], progress: bool, add_due=None, total: int | None = None
+               ) -> dict[int, RequestOutput]:
+        """Step until every request in ids, and every one add_due() adds, has
+        finished; their final outputs by id. add_due() -> (new ids, more to come)."""
+        bar = _progress_bar(progress, len(ids) if total is None else total)
+        final: dict[int, RequestOutput] = {}
+        wanted = set(ids)
+        more_to_come = add_due is not None
+        while True:
+            if more_to_come:
+                new_ids, more_to_come = add_due()
+                wanted.update(new_ids)
+            if not more_to_come and not wanted - final.keys():
+                break
+            if not self.has_unfinished_requests():
+                raise RuntimeError(f"requests {sorted(wanted - final.keys())[:8]} have no output and "
+                                   "nothing is left to run (aborted from another thread?)")
+            for out in self.step():
+                if out.finished and out.request_id in wanted:
+                    final[out.request_id] = out
+                    if bar is not None:
+                        bar.update(1)
+        if bar is not None:
+            bar.close()
+        return final
+
     def generate(self, prompts, params=None, progress: bool = False) -> list[RequestOutput]:
         """Run the prompts to completion; outputs in input order."""
+        if isinstance(prompts, (str, bytes)):
+            raise ArgumentTypeError(f"prompts={prompts!r}: must be a list of prompts, each a list of "
+                                    "token ids (try tokenizer.encode(text) for each)")
         prompts = list(prompts)
         if isinstance(params, (list, tuple)):
             if len(params) != len(prompts):
                 raise ValueError(f"params has {len(params)} entries for {len(prompts)} prompts")
-            params_list = list(params)
+            params_list = [self._check_params(p, f"params[{i}]") for i, p in enumerate(params)]
         else:
-            params_list = [params] * len(prompts)
+            params_list = [self._check_params(params)] * len(prompts)
         for i, (prompt, p) in enumerate(zip(prompts, params_list)):   # refuse before queuing any
             try:
-                p = p if p is not None else SamplingParams()
-                self._check_request(len(self._check_prompt(prompt, None)), p)
-            except ValueError as e:
-                raise ValueError(f"prompts[{i}]: {e}") from None
+                self._check_request(self._check_prompt(prompt, None)[1], p)
+            except ValueError as e:      # ArgumentTypeError included
+                raise type(e)(f"prompts[{i}]: {e}") from None
         ids = [self.add_request(prompt, p) for prompt, p in zip(prompts, params_list)]
-        self._run_until(lambda: all(self.requests[i].is_finished for i in ids), progress, len(ids))
-        return [self.requests[i].to_output() for i in ids]
-
-    def _run_until(self, done, progress: bool, total: int) -> None:
-        bar = _progress_bar(progress, total)
-        finished_before = 0
-        while not done():
-            self.step()
-            if bar is not None:
-                finished = sum(r.is_finished for r in self.requests.values())
-                bar.update(finished - finished_before)
-                finished_before = finished
-        if bar is not None:
-            bar.close()
+        final = self._serve(ids, progress)
+        return [final[i] for i in ids]
 
     def run_workload(self, workload, progress: bool = False) -> list[RequestOutput]:
-        """Serve a workloads.Workload: requests join at their arrival times
-        (or when their `after` condition holds); idle gaps are skipped."""
+        """Serve a workloads.Workload: requests join at their arrival times,
+        counted from the start of this call (or when their `after` condition
+        holds); idle gaps are skipped. Every request yields an output."""
+        if not hasattr(workload, "requests") or not hasattr(workload, "prompt_ids"):
+            raise ArgumentTypeError(f"workload={workload!r}: must be a minillm.workloads.Workload "
+                                    "(e.g. workloads.poisson_mix())")
+        for i, spec in enumerate(workload.requests):     # refuse before serving any
+            try:
+                self._check_request(spec.prompt_len, SamplingParams(max_tokens=spec.max_tokens))
+            except ValueError as e:
+                raise ValueError(f"workload.requests[{i}]: {e}") from None
+        run_start = self.clock.now()
         pending = sorted(enumerate(workload.requests), key=lambda item: item[1].arrival_time)
-        added: dict[int, int] = {}
-        bar = _progress_bar(progress, len(pending))
-        while pending or self.has_unfinished_requests():
+        added: dict[int, int] = {}                 # workload index -> request id
+        served: list[Request] = []                 # what `after` conditions look at
+
+        def add_due() -> tuple[list[int], bool]:
             now = self.clock.now()
+            # 1 ns of slack: after skip_to(run_start + t), now - run_start may
+            # round to just below t.
+            elapsed_s = now - run_start + 1e-9
+            new_ids = []
             for index, spec in list(pending):
-                if spec.is_due(now, self.requests.values()):
-                    added[index] = self.add_request(
-                        workload.prompt_ids(index, self.vocab_size), SamplingParams(
-                            max_tokens=spec.max_tokens, ignore_eos=True, temperature=0.0),
-                        # A timed request arrived at its own time, possibly mid-step:
-                        # its TTFT includes the wait for the step boundary.
-                        arrival_time=spec.arrival_time if spec.after is None else now,
-                        prompt_len=spec.prompt_len, tag=spec.tag)
-                    pending.remove((index, spec))
-            if not self.has_unfinished_requests():
+                if not spec.is_due(elapsed_s, served):
+                    continue
+                # A timed request arrived at its own time, possibly mid-step:
+                # its TTFT includes the wait for the step boundary.
+                arrival = min(now, run_start + spec.arrival_time) if spec.after is None else now
+                rid = self.add_request(
+                    workload.prompt_ids(index, self.vocab_size),
+                    SamplingParams(max_tokens=spec.max_tokens, ignore_eos=True, temperature=0.0),
+                    arrival_time=arrival, prompt_len=spec.prompt_len, tag=spec.tag)
+                added[index] = rid
+                served.append(self.requests[rid])
+                new_ids.append(rid)
+                pending.remove((index, spec))
+            if not new_ids and pending and not self.has_unfinished_requests():
                 timed = [s.arrival_time for _, s in pending if s.after is None]
-                if not timed:
-                    break
-                self.clock.skip_to(min(timed))
-                continue
-            for out in self.step():
-                if out.finished and bar is not None:
-                    bar.update(1)
-        if bar is not None:
-            bar.close()
-        return [self.requests[added[i]].to_output() for i in sorted(added)]
+                if not timed:   # validated workloads cannot get here; never drop silently
+                    raise RuntimeError(f"workload requests {[i for i, _ in pending][:8]} wait on "
+                                       "`after` conditions that can no longer hold")
+                self.clock.skip_to(run_start + min(timed))
+                return add_due()
+            return new_ids, bool(pending)
+
+        final = self._serve([], progress, add_due, total=len(workload.requests))
+        return [final[added[i]] for i in sorted(added)]
 
 
 def _progress_bar(enabled: bool, total: int):
@@ -244,21 +387,27 @@ class ModelExecutor:
         self.device = model.device
         self._generators: dict[int, torch.Generator | None] = {}
 
-    def execute(self, plan: ScheduledStep, samples: list[bool]):
+    def execute(self, plan: ScheduledStep, emits_token: list[bool]):
         chunks = [StepChunk(r.request_id, r.token_ids(r.num_computed_tokens, r.num_computed_tokens + n),
-                            r.num_computed_tokens, sample=s)
-                  for (r, n), s in zip(plan.scheduled, samples)]
+                            r.num_computed_tokens, sample=emits)
+                  for (r, n), emits in zip(plan.scheduled, emits_token)]
         logits = self.runner.execute(chunks)                         # [num sampled, vocab]
         tokens, row = {}, 0
-        for (request, _), sample in zip(plan.scheduled, samples):
-            if sample:
-                if request.request_id not in self._generators:
-                    self._generators[request.request_id] = make_generator(request.params, request.request_id)
-                tokens[request.request_id] = sample_token(
-                    logits[row].float(), request.params, self._generators[request.request_id])
+        for (request, _), emits in zip(plan.scheduled, emits_token):
+            if emits:
+                tokens[request.request_id] = self._sample(request, logits[row])
                 row += 1
         synchronize(self.device)
         return tokens, None
+
+    def _sample(self, request, logits: torch.Tensor) -> int | RequestFailed:
+        """One request's token; a failure here is that request's alone."""
+        try:
+            if request.request_id not in self._generators:
+                self._generators[request.request_id] = make_generator(request.params, request.request_id)
+            return sample_token(logits.float(), request.params, self._generators[request.request_id])
+        except Exception as e:     # noqa: BLE001 -- any error here is this request's, not the step's
+            return RequestFailed(f"sampling failed: {type(e).__name__}: {e}")
 
     def release(self, request) -> None:
         self._generators.pop(request.request_id, None)
@@ -278,19 +427,12 @@ def default_num_blocks(model, max_num_seqs: int, block_size: int) -> int:
     if model.device.type == "cuda":
         free_bytes = torch.cuda.mem_get_info(model.device)[0] // 2
     else:
-        free_bytes = min(_available_ram_bytes() // 10, CPU_POOL_CAP_BYTES)
-    return max(1, min(wanted, free_bytes // bytes_per_block))
-
-
-def _available_ram_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 4 * 2**30
+        free_bytes = min((available_ram_bytes() or 4 * 2**30) // 10, CPU_POOL_CAP_BYTES)
+    if bytes_per_block > free_bytes:    # not even one block fits: do not round up to one
+        raise ValueError(f"block_size={block_size}: one block of {bytes_per_block / 2**20:.0f} MiB exceeds the "
+                         f"{free_bytes / 2**20:.0f} MiB the default pool may take (try block_size=16, "
+                         "or pass num_blocks)")
+    return min(wanted, free_bytes // bytes_per_block)
 
 
 class LLMEngine(EngineCore):
@@ -298,17 +440,32 @@ class LLMEngine(EngineCore):
 
     def __init__(self, model, sched: SchedulerConfig | None = None, block_size: int = 16,
                  num_blocks: int | None = None, backend: str | None = None,
-                 enable_prefix_caching: bool = False):
+                 enable_prefix_caching: bool = False, *,
+                 max_trace_steps: int | None = None, max_finished_requests: int = 1024):
+        check_instance("model", model, LlamaModel, "a model",
+                       hint="minillm.build_model('tiny') or minillm.load_hf_model(path)")
         sched = sched if sched is not None else SchedulerConfig()
+        check_instance("sched", sched, SchedulerConfig, "a SchedulerConfig", hint="SchedulerConfig(policy='chunked')")
+        block_size = check_int("block_size", block_size, 1, hint="16")
         if num_blocks is None:
             num_blocks = default_num_blocks(model, sched.max_num_seqs, block_size)
         # enable_prefix_caching (vLLM's name): reuse the KV blocks of prefixes
         # already computed, e.g. a system prompt shared by many chats.
         blocks = make_block_manager(num_blocks, block_size, enable_prefix_caching)
         super().__init__(sched, blocks, ModelExecutor(model, blocks, backend), WallClock(),
-                         eos_token_ids=model.cfg.eos_token_ids, max_model_len=model.cfg.max_position)
+                         eos_token_ids=model.cfg.eos_token_ids, max_model_len=model.cfg.max_position,
+                         max_trace_steps=max_trace_steps, max_finished_requests=max_finished_requests)
         self.model = model
         self.vocab_size = model.cfg.vocab_size
 
-    def _check_prompt(self, prompt_token_ids, prompt_len):
-        return check_prompt(self.model, prompt_token_ids, arg="prompt_token_ids")
+    def _check_prompt(self, prompt_token_ids, prompt_len) -> tuple[list[int], int]:
+        # A batch of prompts is not one prompt: refuse a 2-D tensor or array
+        # rather than flatten it into one long prompt.
+        ndim = getattr(prompt_token_ids, "ndim", 1)
+        if ndim != 1:
+            raise ValueError(f"prompt_token_ids has shape {tuple(prompt_token_ids.shape)}: one prompt must be "
+                             "1-D (pass a batch as a list of prompts to generate())")
+        ids = check_prompt(self.model, prompt_token_ids, arg="prompt_token_ids")
+        if prompt_len is not None and check_int("prompt_len", prompt_len, 1) != len(ids):
+            raise ValueError(f"prompt_len={prompt_len}: differs from the {len(ids)} prompt_token_ids given")
+        return ids, len(ids)

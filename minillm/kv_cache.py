@@ -13,9 +13,9 @@ p % block_size; its flat slot is block * block_size + offset.
 from __future__ import annotations
 
 from collections import deque
-from numbers import Integral
-
 import torch
+
+from .validation import check_int
 
 
 class OutOfBlocksError(RuntimeError):
@@ -52,17 +52,13 @@ def gather_kv(cache: torch.Tensor, block_table: list[int], num_tokens: int) -> t
 
 
 def _check_num_tokens(num_tokens, arg: str = "num_tokens") -> int:
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, Integral) or num_tokens < 0:
-        raise ValueError(f"{arg}={num_tokens!r}: must be a non-negative integer number of tokens")
-    return int(num_tokens)
+    return check_int(arg, num_tokens, 0)
 
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int):
-        if not isinstance(num_blocks, int) or num_blocks < 1:
-            raise ValueError(f"num_blocks={num_blocks!r}: must be a positive integer")
-        if not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size={block_size!r}: must be a positive integer (16 is usual)")
+        num_blocks = check_int("num_blocks", num_blocks, 1, hint="64, or None for the default")
+        block_size = check_int("block_size", block_size, 1, hint="16")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.free_blocks: deque[int] = deque(range(num_blocks))
@@ -118,9 +114,39 @@ class BlockManager:
     def free(self, request_id) -> None:
         """Return every block of request_id whose last user it was."""
         for block in self.block_tables.pop(request_id, ()):
-            self.ref_counts[block] -= 1
-            if self.ref_counts[block] == 0:
-                self.free_blocks.append(block)
+            self._release(block)
+
+    def checkpoint(self) -> dict:
+        """What rollback() needs to undo the allocations and frees that follow:
+        each table (the list itself, not a copy) and its length. O(requests):
+        cheap enough to take before every step. Relies on tables only growing
+        at the end (allocate) or going whole (free)."""
+        return {request_id: (table, len(table)) for request_id, table in self.block_tables.items()}
+
+    def rollback(self, checkpoint: dict) -> None:
+        """Put every table back as it was at checkpoint(); blocks taken since
+        return to the pool, blocks freed since are owned again."""
+        for request_id in [r for r in self.block_tables if r not in checkpoint]:
+            self.free(request_id)                     # allocated after the checkpoint
+        reowned = set()
+        for request_id, (table, length) in checkpoint.items():
+            if self.block_tables.get(request_id) is table:
+                for block in table[length:]:          # grown since: give the growth back
+                    self._release(block)
+            else:                                     # freed since: take its blocks back
+                for block in table[:length]:
+                    if self.ref_counts[block] == 0:
+                        reowned.add(block)
+                    self.ref_counts[block] += 1
+                self.block_tables[request_id] = table
+            del table[length:]
+        if reowned:
+            self.free_blocks = deque(b for b in self.free_blocks if b not in reowned)
+
+    def _release(self, block: int) -> None:
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block] == 0:
+            self.free_blocks.append(block)
 
     def slot_mapping(self, request_id, start: int, end: int) -> list[int]:
         """Flat cache slots of positions [start, end) of request_id."""

@@ -105,6 +105,28 @@ class PrefixCachingBlockManager(BlockManager):
                     self.free_blocks.append(block)
         self._chains.pop(request_id, None)
 
+    # ---- undoing a failed step -------------------------------------------------------
+    def checkpoint(self):
+        """Prefix caching moves blocks between three places (tables, the clean
+        free list, the LRU of cached blocks) and names and evicts them: a step
+        that fails is undone from a copy of all of it (O(blocks), not O(requests))."""
+        return ({r: list(t) for r, t in self.block_tables.items()}, list(self.free_blocks),
+                list(self.ref_counts), dict(self.hash_to_block), dict(self.block_hash),
+                OrderedDict(self.evictable), {r: list(c) for r, c in self._chains.items()},
+                self.num_hit_tokens, self.num_evictions)
+
+    def rollback(self, checkpoint) -> None:
+        (tables, free, ref_counts, hash_to_block, block_hash, evictable, chains,
+         self.num_hit_tokens, self.num_evictions) = checkpoint
+        # In place: the model runner holds these very objects.
+        self.block_tables.clear()
+        self.block_tables.update(tables)
+        self.free_blocks.clear()
+        self.free_blocks.extend(free)
+        self.ref_counts[:] = ref_counts
+        self.hash_to_block, self.block_hash, self.evictable, self._chains = \
+            hash_to_block, block_hash, evictable, chains
+
     # ---- hits and registration ---------------------------------------------------
     def lookup(self, token_ids) -> list[int]:
         """The cached blocks holding the longest cached prefix of token_ids

@@ -8,9 +8,13 @@ its tokens but the last sampled one are in the cache.
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass, field
-from numbers import Integral, Real
+
+from .validation import check_bool, check_int, check_int_sequence, check_real
+
+# torch's CPU generator keeps only the low 32 bits of a seed (0, 2**32 and
+# 2**63 give the same samples), so a larger seed is refused, not folded.
+MAX_SEED = 2**32 - 1
 
 
 @dataclass(frozen=True)
@@ -24,21 +28,22 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self):
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, Integral) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens={self.max_tokens!r}: must be an integer >= 1")
-        if not isinstance(self.temperature, Real) or not self.temperature >= 0 or math.isinf(self.temperature):
-            raise ValueError(f"temperature={self.temperature!r}: must be a finite number >= 0 (0 = greedy)")
-        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, Integral)
-                                       or self.top_k < 1):
-            raise ValueError(f"top_k={self.top_k!r}: must be None or an integer >= 1")
-        if not isinstance(self.top_p, Real) or not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p={self.top_p!r}: must be in (0, 1]")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, Integral)):
-            raise ValueError(f"seed={self.seed!r}: must be None or an integer")
-        stops = self.stop_token_ids or ()
-        if not all(isinstance(t, Integral) and not isinstance(t, bool) for t in stops):
-            raise ValueError(f"stop_token_ids={self.stop_token_ids!r}: must be integers")
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in stops))
+        # Normalise to plain Python values: numpy integers are welcome, and a
+        # value that passes here must work everywhere downstream (sampling
+        # runs after the scheduler committed the step).
+        fields = dict(
+            max_tokens=check_int("max_tokens", self.max_tokens, 1, hint="max_tokens=32"),
+            temperature=check_real("temperature", self.temperature, 0, hint="0 for greedy, 0.8 to sample"),
+            top_k=check_int("top_k", self.top_k, 1, allow_none=True, hint="None or 50"),
+            top_p=check_real("top_p", self.top_p, 0, 1, exclusive_minimum=True, hint="1.0 for off, 0.9"),
+            seed=check_int("seed", self.seed, 0, MAX_SEED, allow_none=True,
+                           hint="a seed below 2**32; torch's generator keeps 32 bits"),
+            stop_token_ids=() if self.stop_token_ids is None else check_int_sequence(
+                "stop_token_ids", self.stop_token_ids, 0, hint="[2] or None"),
+            ignore_eos=check_bool("ignore_eos", self.ignore_eos),
+        )
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
 
 
 class RequestStatus(enum.Enum):
@@ -86,7 +91,8 @@ class RequestOutput:
     output_token_ids: list[int]
     finished: bool
     metrics: RequestMetrics
-    finish_reason: str | None = None     # "length", "eos", "stop"
+    finish_reason: str | None = None     # "length", "eos", "stop", "abort", "error"
+    error: str | None = None             # finish_reason "error": what went wrong
     tag: str | None = None               # workload label, e.g. "long" or "decoder"
 
 
@@ -103,6 +109,7 @@ class Request:
         self.num_preemptions = 0
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None
+        self.error: str | None = None         # why a request finished with "error"
         self.metrics = RequestMetrics(arrival_time=arrival_time)
 
     @property
@@ -147,10 +154,12 @@ class Request:
 
     def to_output(self) -> RequestOutput:
         return RequestOutput(
-            request_id=self.request_id, prompt_token_ids=self.prompt_token_ids,
+            # A copy: the caller may edit its output without editing the request.
+            request_id=self.request_id,
+            prompt_token_ids=None if self.prompt_token_ids is None else list(self.prompt_token_ids),
             prompt_len=self.prompt_len, output_token_ids=list(self.output_token_ids),
             finished=self.is_finished, metrics=self.metrics, finish_reason=self.finish_reason,
-            tag=self.tag)
+            error=self.error, tag=self.tag)
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id}, {self.status.value}, prompt={self.prompt_len}, "

@@ -12,8 +12,12 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.
         return int(torch.argmax(logits))
     probs = torch.softmax(logits.double() / params.temperature, dim=-1)
     if params.top_k is not None and params.top_k < probs.numel():
-        kth = torch.topk(probs, params.top_k).values[-1]
-        probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
+        # Exactly top_k tokens survive; among tied ones the lowest id wins, as
+        # in argmax, so top_k=1 is greedy even when logits tie.
+        order = torch.sort(probs, descending=True, stable=True).indices
+        keep = torch.zeros_like(probs, dtype=torch.bool)
+        keep[order[:params.top_k]] = True
+        probs = torch.where(keep, probs, torch.zeros_like(probs))
     if params.top_p < 1.0:
         # Keep the smallest set of most likely tokens whose mass reaches top_p.
         sorted_probs, order = torch.sort(probs, descending=True)

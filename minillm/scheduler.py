@@ -33,10 +33,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from numbers import Integral
 
 from .kv_cache import BlockManager
 from .request import Request, RequestStatus
+from .validation import check_choice, check_int
 
 POLICIES = ("prefill_first", "decode_first", "chunked")
 
@@ -44,14 +44,6 @@ POLICIES = ("prefill_first", "decode_first", "chunked")
 # Policies that split prompts, where the partial-prefill knobs apply.
 PARTIAL_PREFILL_POLICIES = ("chunked",)
 DEFAULT_LONG_PREFILL_FRACTION = 0.04     # vLLM: 4% of max_model_len when partial prefills > 1
-
-
-def _check_positive_int(name: str, value, allow_none: bool = False):
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
-        extra = " or None" if allow_none else ""
-        raise ValueError(f"{name}={value!r}: must be a positive integer{extra}")
 
 
 @dataclass(frozen=True)
@@ -65,11 +57,12 @@ class SchedulerConfig:
     max_long_partial_prefills: int = 1      # of which long ones
 
     def __post_init__(self):
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy={self.policy!r}: unknown; choose one of {POLICIES}")
-        _check_positive_int("chunk_size", self.chunk_size)
-        _check_positive_int("token_budget", self.token_budget, allow_none=True)
-        _check_positive_int("max_num_seqs", self.max_num_seqs)
+        check_choice("policy", self.policy, POLICIES)
+        for name, value in (("chunk_size", check_int("chunk_size", self.chunk_size, 1, hint="256 or 512")),
+                            ("token_budget", check_int("token_budget", self.token_budget, 1,
+                                                       allow_none=True, hint="None or 2048")),
+                            ("max_num_seqs", check_int("max_num_seqs", self.max_num_seqs, 1, hint="64"))):
+            object.__setattr__(self, name, value)      # numpy integers become ints
         if self.policy == "chunked" and self.token_budget is not None and self.token_budget < self.max_num_seqs:
             raise ValueError(f"token_budget={self.token_budget} < max_num_seqs={self.max_num_seqs}: under "
                              "'chunked' every running decode needs a token each step, so the budget must "
@@ -77,12 +70,15 @@ class SchedulerConfig:
         self._check_partial_prefill_knobs()
 
     def _check_partial_prefill_knobs(self):
+        for name, value in (
+                ("long_prefill_token_threshold", check_int("long_prefill_token_threshold",
+                                                           self.long_prefill_token_threshold, 0,
+                                                           hint="0 turns the per-step cap off")),
+                ("max_num_partial_prefills", check_int("max_num_partial_prefills", self.max_num_partial_prefills, 1)),
+                ("max_long_partial_prefills", check_int("max_long_partial_prefills",
+                                                        self.max_long_partial_prefills, 1))):
+            object.__setattr__(self, name, value)
         t = self.long_prefill_token_threshold
-        if isinstance(t, bool) or not isinstance(t, Integral) or t < 0:
-            raise ValueError(f"long_prefill_token_threshold={t!r}: must be an integer >= 0 "
-                             "(tokens; 0 turns the per-step cap off)")
-        _check_positive_int("max_num_partial_prefills", self.max_num_partial_prefills)
-        _check_positive_int("max_long_partial_prefills", self.max_long_partial_prefills)
         if self.max_long_partial_prefills > self.max_num_partial_prefills:
             raise ValueError(f"max_long_partial_prefills={self.max_long_partial_prefills}: must be at most "
                              f"max_num_partial_prefills={self.max_num_partial_prefills} (as in vLLM)")
@@ -128,7 +124,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager,
                  max_model_len: int | None = None):
         self.config = config
-        self.blocks = block_manager
+        self.block_manager = block_manager
         self.long_prefill_threshold = config.long_prefill_threshold(max_model_len)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -143,12 +139,21 @@ class Scheduler:
     def finish(self, request: Request) -> None:
         request.status = RequestStatus.FINISHED
         self.running.remove(request)
-        self.blocks.free(request.request_id)
+        self.block_manager.free(request.request_id)
+
+    def abort(self, request: Request) -> None:
+        """Drop a waiting or running request and free its blocks."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        request.status = RequestStatus.FINISHED
+        self.block_manager.free(request.request_id)
 
     def _preempt(self, request: Request, step: ScheduledStep) -> None:
         """Free the request's blocks; it recomputes prompt + outputs later."""
         self.running.remove(request)
-        self.blocks.free(request.request_id)
+        self.block_manager.free(request.request_id)
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         request.status = RequestStatus.WAITING
@@ -159,7 +164,7 @@ class Scheduler:
         """Preempt the newest running requests not yet in this step until
         `request` can hold num_tokens. False if the request itself had to go."""
         scheduled = {id(r) for r, _ in step.scheduled}
-        while not self.blocks.can_allocate(request.request_id, num_tokens):
+        while not self.block_manager.can_allocate(request.request_id, num_tokens):
             victims = [r for r in self.running if id(r) not in scheduled]
             victim = victims[-1]
             self._preempt(victim, step)
@@ -169,14 +174,14 @@ class Scheduler:
 
     def _tokens_that_fit(self, request: Request, wanted: int, reserve_blocks: int = 0) -> int:
         """The most of `wanted` new tokens the free blocks (less a reserve) can hold."""
-        free_blocks = max(0, self.blocks.num_free_blocks - reserve_blocks)
-        room = (self.blocks.capacity_tokens(request.request_id)
-                + free_blocks * self.blocks.block_size
+        free_blocks = max(0, self.block_manager.num_free_blocks - reserve_blocks)
+        room = (self.block_manager.capacity_tokens(request.request_id)
+                + free_blocks * self.block_manager.block_size
                 - request.num_computed_tokens)
         return max(0, min(wanted, room))
 
     def _schedule(self, step: ScheduledStep, request: Request, num_tokens: int) -> None:
-        self.blocks.allocate(request.request_id, request.num_computed_tokens + num_tokens)
+        self.block_manager.allocate(request.request_id, request.num_computed_tokens + num_tokens)
         step.scheduled.append((request, num_tokens))
 
     def _admit(self, request: Request) -> None:
@@ -224,13 +229,14 @@ class Scheduler:
             if admitted and budget is not None and used + n > budget:
                 self._release_cached_prefix(request, cached)
                 break
-            if not self.blocks.can_allocate(request.request_id, request.num_tokens):
+            # Admit only what fits beside one free block per running request,
+            # as "chunked" does: evicting a runner to admit a prompt trades
+            # places, and the evicted one evicts the next on its return (four
+            # 100-token prompts on 9 blocks recomputed 26x their tokens).
+            # Without room the running decodes go instead.
+            if self._tokens_that_fit(request, n, reserve_blocks=len(self.running)) < n:
                 self._release_cached_prefix(request, cached)
-                if admitted or not self.running:
-                    break
-                # The first prompt must go in: make room from the newest runner.
-                self._preempt(self.running[-1], step)
-                continue
+                break
             self._admit(request)
             self._schedule(step, request, n)
             used += n
@@ -338,12 +344,12 @@ class Scheduler:
     def _claim_cached_prefix(self, request: Request) -> int:
         """A waiting request skips its longest cached prefix: whole blocks, never
         its last token. Returns the tokens this call claimed (0: none)."""
-        if request.num_computed_tokens or self.blocks.block_tables.get(request.request_id):
+        if request.num_computed_tokens or self.block_manager.block_tables.get(request.request_id):
             return 0
-        request.num_computed_tokens = self.blocks.claim_cached_prefix(request)
+        request.num_computed_tokens = self.block_manager.claim_cached_prefix(request)
         return request.num_computed_tokens
 
     def _release_cached_prefix(self, request: Request, cached: int) -> None:
         if cached:
-            self.blocks.release_cached_prefix(request, cached)
+            self.block_manager.release_cached_prefix(request, cached)
             request.num_computed_tokens = 0

@@ -12,6 +12,7 @@ asserts in tests (shared machines are noisy).
   hf            useful output tokens/s against transformers' generate on the
                 same weights and requests (batches of 8, left padding)
   simulator     the cost model's predicted step times against measured ones
+  memory        heap growth per request of a long-running engine (bench_memory.py)
 """
 from __future__ import annotations
 
@@ -303,8 +304,8 @@ def main(argv: list[str]) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m minillm bench")
-    parser.add_argument("which", choices=["chunk-cost", "interference", "hf", "simulator", "prefix-cache",
-                                          "partial-prefills", "all"], nargs="?", default="all")
+    parser.add_argument("which", choices=["chunk-cost", "interference", "hf", "simulator", "memory",
+                                          "prefix-cache", "partial-prefills", "all"], nargs="?", default="all")
     parser.add_argument("--out", default="bench-results", help="folder for the JSON results and figures")
     parser.add_argument("--shape", choices=sorted(BENCH_SHAPES) + ["all"], default="tiny",
                         help="model shape for chunk-cost, interference and hf ('all': each in turn)")
@@ -313,6 +314,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="chunk-cost: runs per ratio (median)")
     parser.add_argument("--chunk-sizes", default="64,128,256,512,1024",
                         help="interference: comma-separated chunk sizes (256 is the headline)")
+    parser.add_argument("--memory-requests", type=int, default=20_000, help="requests served by `memory`")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -332,6 +334,12 @@ def main(argv: list[str]) -> int:
     if args.which in ("prefix-cache", "partial-prefills", "all"):
         from .bench_ch8 import report
         results.update(report(args.which))
+    if args.which in ("memory", "all"):
+        from .bench_memory import bench_memory, report
+        results["memory"] = bench_memory(args.memory_requests, warmup_requests=args.memory_requests // 4)
+        print(f"\nMemory of a long-running engine ({args.memory_requests:,} short requests, "
+              "heap growth after a quarter of them)")
+        print(report(results["memory"]))
     (out / "bench.json").write_text(json.dumps(results, indent=1, default=str))
     print(f"\nresults written to {out}/")
     return 0

@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..config import ModelConfig
+from ..validation import check_bool, check_choice, check_int, is_int
 
 __all__ = [
     "OPS", "DTYPE_BYTES", "StepCost", "step_cost", "prefill_flops", "prefill_cost",
@@ -87,26 +88,22 @@ def _check_cfg(cfg) -> ModelConfig:
     return cfg
 
 
-def _check_dtype_bytes(dtype_bytes) -> int:
-    if isinstance(dtype_bytes, bool) or dtype_bytes not in DTYPE_BYTES:
-        raise ValueError(f"dtype_bytes={dtype_bytes!r}: must be one of {DTYPE_BYTES} "
-                         "(1 fp8, 2 bf16/fp16, 4 fp32, 8 fp64)")
-    return int(dtype_bytes)
+def check_dtype_bytes(dtype_bytes) -> int:
+    hint = "1 fp8, 2 bf16/fp16, 4 fp32, 8 fp64"
+    return check_choice("dtype_bytes", check_int("dtype_bytes", dtype_bytes, hint=hint), DTYPE_BYTES, hint=hint)
+
+
+_check_dtype_bytes = check_dtype_bytes     # the name cost_model imports
 
 
 def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) and not hasattr(value, "__index__"):
-        raise TypeError(f"{name}={value!r}: must be an integer number of tokens")
-    value = int(value)
-    if value < minimum:
-        raise ValueError(f"{name}={value}: must be >= {minimum} tokens")
-    return value
+    return check_int(name, value, minimum, hint=f"a number of tokens >= {minimum}")
 
 
 def normalize_step(requests) -> list[tuple[int, int, bool]]:
     """Check a step's shape and return [(num_new_tokens, num_cached_tokens, samples)]."""
     if isinstance(requests, tuple) and len(requests) in (2, 3) and all(
-            isinstance(x, int) for x in requests[:2]):
+            is_int(x) for x in requests[:2]):
         raise TypeError(f"requests={requests!r}: pass a list of requests, "
                         f"e.g. [{requests!r}]")
     out = []
@@ -116,7 +113,7 @@ def normalize_step(requests) -> list[tuple[int, int, bool]]:
                              "or (num_new_tokens, num_cached_tokens, samples)")
         num_new = _check_int(f"requests[{i}] num_new_tokens", req[0], 1)
         num_cached = _check_int(f"requests[{i}] num_cached_tokens", req[1], 0)
-        samples = bool(req[2]) if len(req) == 3 else True
+        samples = check_bool(f"requests[{i}] samples", req[2]) if len(req) == 3 else True
         out.append((num_new, num_cached, samples))
     return out
 
@@ -154,6 +151,8 @@ def step_cost(cfg, requests, dtype_bytes: int = 2) -> StepCost:
     num_sampled = sum(1 for _, _, s in reqs if s)              # S: rows of the LM head
     pairs = sum(causal_pairs(n, c) for n, c, _ in reqs)
     num_cached = sum(c for _, c, _ in reqs)
+    if num_tokens == 0:      # an empty step runs nothing: no weights read either
+        return StepCost(0, 0, 0, 0, 0, {op: (0, 0) for op in OPS})
 
     def gemm(m: int, k: int, n: int) -> tuple[int, int, int]:
         """[m, k] x [k, n]: (flops, weight bytes, activation bytes in + out)."""

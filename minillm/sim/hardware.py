@@ -28,6 +28,8 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from ..validation import check_int, check_real
+
 __all__ = ["Hardware", "PROFILES", "get_hardware", "calibrate", "cache_dir"]
 
 
@@ -52,13 +54,9 @@ class Hardware:
 
     def __post_init__(self):
         for arg in ("peak_flops_s", "mem_bandwidth_bytes_s"):
-            value = getattr(self, arg)
-            if not value > 0:
-                raise ValueError(f"{arg}={value!r}: must be a positive number")
+            check_real(arg, getattr(self, arg), 0, exclusive_minimum=True)
         for arg in ("gemm_efficiency", "attention_efficiency", "bandwidth_efficiency"):
-            value = getattr(self, arg)
-            if not 0 < value <= 1:
-                raise ValueError(f"{arg}={value!r}: must be a fraction in (0, 1]")
+            check_real(arg, getattr(self, arg), 0, 1, exclusive_minimum=True, hint="a fraction such as 0.7")
 
     @property
     def ridge_point(self) -> float:
@@ -165,9 +163,8 @@ def calibrate(device=None, dtype=None, force: bool = False, matmul_size: int = 1
             raise ValueError(f"dtype={dtype!r}: not a torch dtype; try 'float32' or 'bfloat16'")
         dtype = getattr(torch, dtype)
     dtype_name = str(dtype).removeprefix("torch.")
-    for arg, value in (("matmul_size", matmul_size), ("copy_mib", copy_mib), ("repeats", repeats)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{arg}={value!r}: must be a positive integer")
+    matmul_size, copy_mib, repeats = (check_int(arg, value, 1) for arg, value in (
+        ("matmul_size", matmul_size), ("copy_mib", copy_mib), ("repeats", repeats)))
     key = (str(dev), dtype_name, torch.__version__, matmul_size, copy_mib)
     path = Path(cache_path) if cache_path is not None else \
         cache_dir() / f"hardware-{dev.type}{dev.index or ''}-{dtype_name}-torch{torch.__version__}.json"

@@ -11,8 +11,6 @@ engine would make; only the durations are predicted.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from numbers import Integral
-
 from ..config import ModelConfig
 from .cost_model import StepTime, predict_step
 from ..engine import EngineCore, StepRecord, VirtualClock
@@ -22,6 +20,8 @@ from ..prefix_cache import make_block_manager
 from ..metrics import distribution, summarize
 from ..request import RequestOutput
 from ..scheduler import SchedulerConfig
+from ..validation import check_int
+from .accounting import check_dtype_bytes
 from .workloads import Workload
 
 __all__ = ["simulate", "SimResult", "CostModelExecutor", "predict_step", "StepTime",
@@ -55,17 +55,17 @@ class CostModelExecutor:
         self.dtype_bytes = dtype_bytes
         self._cache: dict[tuple, float] = {}     # step shape -> seconds (workloads repeat shapes)
 
-    def step_shape(self, plan, samples) -> tuple[tuple[int, int, bool], ...]:
-        """(num_new_tokens, num_cached_tokens, samples) per request: all the cost model sees."""
-        return tuple((n, r.num_computed_tokens, s) for (r, n), s in zip(plan.scheduled, samples))
+    def step_shape(self, plan, emits_token) -> tuple[tuple[int, int, bool], ...]:
+        """(num_new_tokens, num_cached_tokens, emits a token) per request: all the cost model sees."""
+        return tuple((n, r.num_computed_tokens, e) for (r, n), e in zip(plan.scheduled, emits_token))
 
-    def execute(self, plan, samples):
-        shape = self.step_shape(plan, samples)
+    def execute(self, plan, emits_token):
+        shape = self.step_shape(plan, emits_token)
         seconds = self._cache.get(shape)
         if seconds is None:
             seconds = predict_step(self.cfg, list(shape), self.hardware, self.dtype_bytes).total
             self._cache[shape] = seconds
-        tokens = {r.request_id: DUMMY_TOKEN for (r, _), s in zip(plan.scheduled, samples) if s}
+        tokens = {r.request_id: DUMMY_TOKEN for (r, _), e in zip(plan.scheduled, emits_token) if e}
         return tokens, seconds
 
     def release(self, request) -> None:
@@ -150,13 +150,12 @@ def simulate(workload: Workload, sched: SchedulerConfig | None = None, model="ll
         raise ValueError(f"sched={sched!r}: give a SchedulerConfig")
     cfg = resolve_model(model)
     hw = resolve_hardware(hardware)
-    if isinstance(block_size, bool) or not isinstance(block_size, Integral) or block_size < 1:
-        raise ValueError(f"block_size={block_size!r}: must be a positive integer (try 16)")
+    block_size = check_int("block_size", block_size, 1, hint="16")
+    dtype_bytes = check_dtype_bytes(dtype_bytes)
     if num_blocks is None:
         num_blocks = default_sim_num_blocks(cfg, hw, sched, block_size, dtype_bytes)
-    elif isinstance(num_blocks, bool) or not isinstance(num_blocks, Integral) or num_blocks < 1:
-        raise ValueError(f"num_blocks={num_blocks!r}: must be a positive integer or None")
-    core = EngineCore(sched, make_block_manager(int(num_blocks), block_size, enable_prefix_caching),
+    num_blocks = check_int("num_blocks", num_blocks, 1, hint="None for what the GPU holds")
+    core = EngineCore(sched, make_block_manager(num_blocks, block_size, enable_prefix_caching),
                       CostModelExecutor(cfg, hw, dtype_bytes), VirtualClock(),
                       eos_token_ids=(), max_model_len=cfg.max_position)
     if enable_prefix_caching:
