@@ -10,7 +10,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from .workloads import Workload, WorkloadRequest, _check_count
+from ..validation import check_int
+from .workloads import Workload, WorkloadRequest
 
 
 @dataclass(frozen=True)
@@ -39,10 +40,10 @@ def shared_system_prompt_chat(num_requests: int = 32, system_prompt_len: int = 5
     (one of num_system_prompts, in turn) plus a user message of user_len
     tokens (uniform in the range), arriving as a Poisson process at
     rate_per_s (inf: all at t=0); each asks for output_len tokens."""
-    num_requests = _check_count("num_requests", num_requests)
-    system_prompt_len = _check_count("system_prompt_len", system_prompt_len, minimum=0)
-    output_len = _check_count("output_len", output_len)
-    num_system_prompts = _check_count("num_system_prompts", num_system_prompts)
+    num_requests = check_int("num_requests", num_requests, 1)
+    system_prompt_len = check_int("system_prompt_len", system_prompt_len, 0)
+    output_len = check_int("output_len", output_len, 1)
+    num_system_prompts = check_int("num_system_prompts", num_system_prompts, 1)
     low, high = user_len
     if not 1 <= low <= high:
         raise ValueError(f"user_len=({low}, {high}): need 1 <= low <= high")
@@ -68,10 +69,10 @@ def long_then_short(long_len: int = 8192, num_short: int = 8, short_len: int = 6
     """One long_len-token prompt, and num_short short prompts that arrive at
     the same moment but after it in the queue: first come, first served
     makes each of them wait for the whole long prefill."""
-    long_len = _check_count("long_len", long_len)
-    num_short = _check_count("num_short", num_short)
-    short_len = _check_count("short_len", short_len)
-    output_len = _check_count("output_len", output_len)
+    long_len = check_int("long_len", long_len, 1)
+    num_short = check_int("num_short", num_short, 1)
+    short_len = check_int("short_len", short_len, 1)
+    output_len = check_int("output_len", output_len, 1)
     requests = (WorkloadRequest(long_len, output_len, tag="long"),) + tuple(
         WorkloadRequest(short_len, output_len, tag="short") for _ in range(num_short))
     return Workload(requests, seed=seed,
