@@ -17,7 +17,8 @@ SMALL = dict(prompt_len=80, num_decoders=3, decoder_prompt_len=8, warmup_tokens=
 POLICY_CONFIGS = [SchedulerConfig(policy="chunked", chunk_size=24),
                   SchedulerConfig(policy="chunked", chunk_size=7, token_budget=16, max_num_seqs=8),
                   SchedulerConfig(policy="prefill_first"),
-                  SchedulerConfig(policy="decode_first")]
+                  SchedulerConfig(policy="decode_first"),
+                  SchedulerConfig(policy="chunked_prefill_first", chunk_size=24)]
 
 
 @pytest.fixture(scope="module")
