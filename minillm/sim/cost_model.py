@@ -43,6 +43,7 @@ from pathlib import Path
 
 from .accounting import OPS, _check_cfg, _check_dtype_bytes, normalize_step, step_cost
 from ..config import ModelConfig
+from ..metrics import percentile
 from .hardware import Hardware, get_hardware
 
 __all__ = [
@@ -170,7 +171,7 @@ def predict_step(cfg, requests, hardware="H100-SXM", dtype_bytes: int = 2) -> St
     # Not in by_op: two RMSNorms, RoPE and two residual adds per layer (each
     # reads and writes [T, d]-sized activations), the embedding gather.
     per_layer_misc_s = 5 * elementwise_time_s(2 * num_tokens * cfg.hidden_size * b, hw)
-    overhead_s = (hw.step_overhead_s + layers * per_layer_misc_s
+    overhead_s = (hw.step_overhead_s + hw.per_seq_overhead_s * len(reqs) + layers * per_layer_misc_s
                   + elementwise_time_s(num_tokens * cfg.hidden_size * b, hw))
     return StepTime(sum(by_op.values()) + overhead_s, by_op, overhead_s)
 
@@ -238,12 +239,8 @@ def linear_op_errors(profile, hardware=None, ops=LINEAR_OPS, dtype_bytes: int = 
 
 def _error_summary(errors: dict) -> tuple[float, float]:
     """Median and 90th percentile of |relative error| over all ops and rows."""
-    abs_errors = sorted(abs(e) for rows in errors.values() for *_, e in rows)
-    def pct(q):
-        i = q * (len(abs_errors) - 1)
-        lo, hi = math.floor(i), math.ceil(i)
-        return abs_errors[lo] + (abs_errors[hi] - abs_errors[lo]) * (i - lo)
-    return pct(0.5), pct(0.9)
+    abs_errors = [abs(e) for rows in errors.values() for *_, e in rows]
+    return percentile(abs_errors, 50), percentile(abs_errors, 90)
 
 
 def fit_hardware_factors(paths, hardware, trials: int = 300, seed: int = 0) -> Hardware:
