@@ -19,7 +19,7 @@ __all__ = ["lab", "lab_controls", "LabView", "verdict_html"]
 
 CHUNK_OPTIONS = [(str(c), c) for c in lab_state.CHUNK_SIZES] + [("off (prefill_first)", lab_state.OFF)]
 MODEL_OPTIONS = ("llama-3-8b", "llama-2-7b", "mistral-7b", "qwen3-0.6b")
-HARDWARE_OPTIONS = sorted(PROFILES) + [("this machine (calibrated)", "cpu")]
+HARDWARE_OPTIONS = [(name, name) for name in sorted(PROFILES)] + [("this machine (calibrated)", "cpu")]
 RENDER_DPI = 72
 
 
