@@ -220,7 +220,7 @@ def bench_lab(repeats: int = 2) -> dict:
 
     from . import lab, widgets
     lab.LAB.clear()
-    settings = lab.LabSettings(workload="uniform", rate_per_s=4.0, itl_slo_ms=100.0)
+    settings = lab.LabSettings(workload="chat", rate_per_s=4.0, itl_slo_ms=100.0)
     t0 = time.perf_counter()
     view = widgets.LabView(settings)
     new_setting_s = time.perf_counter() - t0

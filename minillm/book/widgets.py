@@ -88,6 +88,7 @@ class LabView:
             settings = lab_state.LabSettings()
         self.controls = lab_controls(settings)
         self.verdict = w.HTML()
+        self.verdict.add_class("minillm-verdict")
         self.progress = w.HTML()
         self.image = w.Image(format="png")
         self.figure = None                   # created on the first draw, then redrawn in place
