@@ -368,7 +368,7 @@ def save_readme_figures(out_dir="figures", dpi: int = 110) -> list:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     settings = LabSettings(model="llama-3-8b", hardware="A100-80GB", chunk_size=512)
-    load = replace(settings, workload="uniform", rate_per_s=4.0, itl_slo_ms=100.0)
+    load = replace(settings, workload="chat", rate_per_s=4.0, itl_slo_ms=100.0)
     figs = {
         "stall_timeline.png": plot_stall(settings, chunk_size=512),
         "ttft_tpot_vs_chunk.png": figures.plot_chunk_sweep(chunk_sweep(settings), current=512,
