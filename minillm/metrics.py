@@ -11,6 +11,7 @@ max ITL, and with enough streams it is the p99 ITL. Report both.
 from __future__ import annotations
 
 import math
+from numbers import Real
 
 
 def distribution(values) -> dict[str, float]:
@@ -24,7 +25,10 @@ def distribution(values) -> dict[str, float]:
 
 
 def percentile(values, q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
+    """Linear interpolation between closest ranks (numpy's default).
+
+    The one percentile of the package: metrics, the cost model's and the
+    simulator's error summaries and the book's figures all call it."""
     if not 0 <= q <= 100:
         raise ValueError(f"q={q}: percentiles are in [0, 100]")
     values = sorted(values)
@@ -35,21 +39,66 @@ def percentile(values, q: float) -> float:
     return values[low] + (values[high] - values[low]) * (rank - low)
 
 
-def meets_slo(output, ttft_slo_s: float | None = None, tpot_slo_s: float | None = None) -> bool:
+# The SLO keys of `vllm bench serve --goodput KEY:VALUE ...` (values in ms), plus "itl":
+# a request meets an ITL SLO when its WORST gap does, so a stall fails it.
+SLO_KEYS = ("ttft", "tpot", "itl", "e2el")
+
+
+def check_slo_ms(slo_ms) -> dict[str, float]:
+    """{key: milliseconds} with keys from SLO_KEYS and positive values, or ValueError."""
+    if slo_ms is None:
+        return {}
+    if not isinstance(slo_ms, dict):
+        raise ValueError(f"slo_ms={slo_ms!r}: give a dict such as {{'ttft': 2000, 'tpot': 100}} (milliseconds)")
+    for key, value in slo_ms.items():
+        if key not in SLO_KEYS:
+            raise ValueError(f"slo_ms key {key!r}: choose from {SLO_KEYS}")
+        if isinstance(value, bool) or not isinstance(value, Real) or not value > 0 or value == math.inf:
+            raise ValueError(f"slo_ms[{key!r}]={value!r}: must be a positive, finite number of milliseconds")
+    return {key: float(value) for key, value in slo_ms.items()}
+
+
+def _slo_values_s(output) -> dict[str, float | None]:
+    """What each SLO key measures for one request, in seconds (None: not defined)."""
     m = output.metrics
-    if ttft_slo_s is not None and (m.ttft is None or m.ttft > ttft_slo_s):
+    return {"ttft": m.ttft, "tpot": m.tpot, "itl": max(m.itl) if m.itl else None, "e2el": m.e2e}
+
+
+def meets_slo(output, ttft_slo_s: float | None = None, tpot_slo_s: float | None = None,
+              slo_ms: dict | None = None) -> bool:
+    """Did this finished request meet every SLO? DistServe's per-request test, as
+    `vllm bench serve --goodput` applies it. A request with one token has no TPOT
+    or ITL: those SLOs hold vacuously."""
+    limits_s = {key: value / 1e3 for key, value in check_slo_ms(slo_ms).items()}
+    if ttft_slo_s is not None:
+        limits_s["ttft"] = ttft_slo_s
+    if tpot_slo_s is not None:
+        limits_s["tpot"] = tpot_slo_s
+    if not output.finished:
         return False
-    if tpot_slo_s is not None and m.tpot is not None and m.tpot > tpot_slo_s:
-        return False
-    return output.finished
+    values = _slo_values_s(output)
+    for key, limit_s in limits_s.items():
+        value = values[key]
+        if value is None and key in ("ttft", "e2el"):
+            return False
+        if value is not None and value > limit_s:
+            return False
+    return True
 
 
-def summarize(outputs, ttft_slo_s: float | None = None, tpot_slo_s: float | None = None) -> dict:
-    """Aggregate metrics of finished requests; times in seconds.
+def summarize(outputs, ttft_slo_s: float | None = None, tpot_slo_s: float | None = None,
+              slo_ms: dict | None = None) -> dict:
+    """Aggregate metrics of finished requests as `vllm bench serve` reports them; times in seconds.
 
-    throughput: output tokens per second over the whole run (first arrival
-    to last finish); goodput: requests per second that met both SLOs.
+    ttft, tpot, itl, e2e: mean, median, p90, p99, max. Throughputs over the
+    whole run (first arrival to last finish): requests/s, output tokens/s and
+    total (prompt + output) tokens/s. With SLOs (slo_ms in milliseconds, keys
+    from SLO_KEYS, or the older ttft_slo_s / tpot_slo_s in seconds):
+    slo_attainment, the fraction of requests meeting all of them, and
+    goodput_req_s, those requests per second (DistServe's goodput, as vLLM's
+    --goodput computes it).
     """
+    slo_ms = check_slo_ms(slo_ms)
     outputs = [o for o in outputs if o.finished]
     if not outputs:
         raise ValueError("outputs: no finished request to summarize")
@@ -57,19 +106,22 @@ def summarize(outputs, ttft_slo_s: float | None = None, tpot_slo_s: float | None
     end = max(o.metrics.finish_time for o in outputs)
     duration_s = max(end - start, 1e-12)
     num_output_tokens = sum(len(o.output_token_ids) for o in outputs)
+    num_prompt_tokens = sum(o.prompt_len for o in outputs)
     summary = {
         "num_requests": len(outputs),
         "duration_s": duration_s,
+        "input_tokens": num_prompt_tokens,
         "output_tokens": num_output_tokens,
         "throughput_tok_s": num_output_tokens / duration_s,
+        "total_throughput_tok_s": (num_prompt_tokens + num_output_tokens) / duration_s,
         "request_throughput_s": len(outputs) / duration_s,
         "ttft": distribution(o.metrics.ttft for o in outputs),
         "tpot": distribution(o.metrics.tpot for o in outputs if o.metrics.tpot is not None),
         "itl": distribution(g for o in outputs for g in o.metrics.itl),
         "e2e": distribution(o.metrics.e2e for o in outputs),
     }
-    if ttft_slo_s is not None or tpot_slo_s is not None:
-        good = [o for o in outputs if meets_slo(o, ttft_slo_s, tpot_slo_s)]
+    if ttft_slo_s is not None or tpot_slo_s is not None or slo_ms:
+        good = [o for o in outputs if meets_slo(o, ttft_slo_s, tpot_slo_s, slo_ms)]
         summary["slo_attainment"] = len(good) / len(outputs)
         summary["goodput_req_s"] = len(good) / duration_s
     return summary

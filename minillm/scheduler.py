@@ -15,6 +15,13 @@ Policies:
                  get prefill tokens until the step holds chunk_size of them
                  or hits token_budget. A prompt that does not fit is split
                  and continues next step. A step is C_prefill + N_decode tokens.
+  chunked_prefill_first  SGLang's default: prompts are chunked as under
+                 "chunked", but a step is prefill-only or decode-only, and
+                 prefill goes first (mixing a chunk with the decodes needs
+                 SGLang's --enable-mixed-chunk, off by default:
+                 python/sglang/srt/server_args.py). Chunking without mixing
+                 caps each step, yet every decode still waits for the whole
+                 prompt: the stall is cut into pieces, not cured.
 
 Short prompts stuck behind a long one (vllm-project/vllm#21495): under
 "chunked", three knobs with vLLM's names and meanings (vllm/config/scheduler.py):
@@ -38,7 +45,7 @@ from .kv_cache import BlockManager
 from .request import Request, RequestStatus
 from .validation import check_choice, check_int
 
-POLICIES = ("prefill_first", "decode_first", "chunked")
+POLICIES = ("prefill_first", "decode_first", "chunked", "chunked_prefill_first")
 
 
 # Policies that split prompts, where the partial-prefill knobs apply.
@@ -198,6 +205,10 @@ class Scheduler:
         elif policy == "prefill_first":
             if not self._schedule_whole_prompts(step):
                 self._schedule_decodes(step, budget=self.config.token_budget)
+        elif policy == "chunked_prefill_first":
+            self._schedule_chunked(step, with_decodes=False)
+            if not step:
+                self._schedule_decodes(step, budget=self.config.token_budget)
         else:  # decode_first
             if not self.running:
                 self._schedule_whole_prompts(step)
@@ -243,9 +254,9 @@ class Scheduler:
             admitted += 1
         return admitted
 
-    def _schedule_chunked(self, step: ScheduledStep) -> None:
+    def _schedule_chunked(self, step: ScheduledStep, with_decodes: bool = True) -> None:
         budget = self.config.token_budget
-        used = self._schedule_decodes(step, budget)
+        used = self._schedule_decodes(step, budget) if with_decodes else 0
         prefill_left = self.config.chunk_size
         if budget is not None:
             prefill_left = min(prefill_left, budget - used)

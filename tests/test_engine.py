@@ -5,6 +5,7 @@ from hypothesis import given, settings, strategies as st
 
 import minillm
 from minillm import SamplingParams, SchedulerConfig
+from minillm.scheduler import POLICIES
 from minillm.config import ModelConfig
 
 SMALL = ModelConfig(name="small", vocab_size=97, hidden_size=32, intermediate_size=64, num_layers=2,
@@ -32,7 +33,7 @@ def prompts_for(seed, count, low=1, high=40):
 
 
 @settings(max_examples=12, deadline=None)
-@given(policy=st.sampled_from(["prefill_first", "decode_first", "chunked"]),
+@given(policy=st.sampled_from(POLICIES),
        chunk_size=st.integers(1, 48), seed=st.integers(0, 1000), max_num_seqs=st.integers(1, 5))
 def test_greedy_outputs_do_not_depend_on_policy_or_chunk_size(model64, policy, chunk_size, seed, max_num_seqs):
     prompts = prompts_for(seed, 4)

@@ -2,7 +2,7 @@
 import pytest
 
 from minillm.sim import hardware
-from minillm.sim.hardware import PROFILES, Hardware, calibrate, get_hardware
+from minillm.sim.hardware import PROFILES, Hardware, get_hardware
 
 
 def test_profiles_carry_the_datasheet_peaks():
@@ -34,22 +34,3 @@ def test_unknown_hardware_is_a_value_error_naming_it_and_the_choices():
 def test_bad_efficiency_is_named():
     with pytest.raises(ValueError, match="gemm_efficiency=1.5"):
         Hardware("x", 1e12, 1e11, gemm_efficiency=1.5)
-
-
-def test_calibrate_measures_once_then_reads_the_cache(tmp_path):
-    path = tmp_path / "hw.json"
-    hw = calibrate(device="cpu", matmul_size=64, copy_mib=1, repeats=1, progress=False,
-                   cache_path=path, force=True)
-    assert hw.peak_flops_s > 0 and hw.mem_bandwidth_bytes_s > 0 and 0 < hw.bandwidth_efficiency <= 1
-    assert path.exists()
-    hardware._CALIBRATED.clear()                    # forget the process cache: read the file
-    again = calibrate(device="cpu", matmul_size=64, copy_mib=1, repeats=1, progress=False,
-                      cache_path=path)
-    assert again == hw
-    assert calibrate(device="cpu", matmul_size=64, copy_mib=1, repeats=1, progress=False,
-                     cache_path=path) is again      # in-process cache
-
-
-def test_calibrate_rejects_bad_sizes(tmp_path):
-    with pytest.raises(ValueError, match="matmul_size=0"):
-        calibrate(device="cpu", matmul_size=0, cache_path=tmp_path / "x.json")

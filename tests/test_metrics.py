@@ -52,3 +52,29 @@ def test_empty_distribution_is_nan_and_summary_needs_finished_requests():
         metrics.summarize([output(0.0, [0.1], finished=False)])
     with pytest.raises(ValueError, match="q="):
         metrics.percentile([1.0], 101)
+
+
+def test_goodput_with_vllm_slo_keys_in_ms_and_an_itl_slo_that_a_stall_fails():
+    smooth = output(0.0, [0.1, 0.2, 0.3, 0.4])                 # gaps of 100 ms
+    stalled = output(0.0, [0.1, 0.2, 0.8, 0.9])                # one 600 ms gap, mean TPOT 267 ms
+    s = metrics.summarize([smooth, stalled], slo_ms={"ttft": 150, "tpot": 300})
+    assert s["slo_attainment"] == 1.0                          # the mean hides the stall
+    s = metrics.summarize([smooth, stalled], slo_ms={"ttft": 150, "itl": 300})
+    assert s["slo_attainment"] == 0.5                          # the worst gap does not
+    assert s["goodput_req_s"] == pytest.approx(1 / 0.9)
+    assert metrics.summarize([smooth], slo_ms={"e2el": 300})["slo_attainment"] == 0.0
+
+
+def test_summary_reports_total_token_throughput():
+    s = metrics.summarize([output(0.0, [0.5, 1.0])])
+    assert s["input_tokens"] == 4 and s["output_tokens"] == 2
+    assert s["total_throughput_tok_s"] == pytest.approx(6.0)
+    assert s["request_throughput_s"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("slo_ms, match", [
+    ({"latency": 10}, "latency"), ({"ttft": 0}, "ttft"), ({"tpot": -1}, "tpot"),
+    ({"itl": float("inf")}, "itl"), ([("ttft", 1)], "slo_ms")])
+def test_bad_slo_names_the_key_and_what_is_allowed(slo_ms, match):
+    with pytest.raises(ValueError, match=match):
+        metrics.summarize([output(0.0, [0.1, 0.2])], slo_ms=slo_ms)

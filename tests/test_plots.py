@@ -155,7 +155,8 @@ def test_op_and_step_fidelity_plots():
         figures.plot_step_fidelity([])
 
 
-def test_save_readme_figures_writes_three_pngs(tmp_path):
+def test_save_readme_figures_writes_four_pngs(tmp_path):
     paths = figures.save_readme_figures(tmp_path / "figs")
-    assert sorted(p.name for p in paths) == ["roofline.png", "stall_timeline.png", "ttft_tpot_vs_chunk.png"]
+    assert sorted(p.name for p in paths) == ["load_lab.png", "roofline.png", "stall_timeline.png",
+                                             "ttft_tpot_vs_chunk.png"]
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)

@@ -96,10 +96,12 @@ def test_scheduler_invariants(workload, config, tight):
     assert core.block_manager.num_leaked_blocks() == 0
     for record in core.trace:
         total = sum(n for _, n in record.scheduled)
-        if config.policy == "chunked":
+        if config.policy in ("chunked", "chunked_prefill_first"):
             assert record.num_prefill_tokens <= config.chunk_size
             if config.token_budget is not None:
                 assert total <= config.token_budget
+        if config.policy == "chunked_prefill_first":      # never a mixed step
+            assert not (record.num_prefill_tokens and record.num_decode_tokens)
         elif config.token_budget is not None and total > config.token_budget:
             # Whole-prompt policies may exceed the budget only with one prompt alone.
             assert len(record.scheduled) == 1
@@ -131,6 +133,19 @@ def test_prefill_first_stalls_decodes_and_chunked_does_not():
     assert stalled and stalled[0].num_decode_tokens == 0
     mixed = [r for r in ch.trace if r.num_prefill_tokens and r.num_decode_tokens]
     assert len(mixed) == 4 and all(r.num_decode_tokens == 2 for r in mixed)
+
+
+def test_chunked_prefill_first_chunks_but_still_stalls_every_decode():
+    # SGLang's default: the 64-token prompt is cut into chunks of 16, but the
+    # chunks run in prefill-only steps back to back, so the streams wait for all four.
+    workload = [(4, 30, 0), (4, 30, 0), (64, 2, 5)]
+    core, _, (a, b, long) = run_engine(workload, SchedulerConfig(policy="chunked_prefill_first", chunk_size=16),
+                                       num_blocks=200)
+    prefill_steps = [i for i, r in enumerate(core.trace) if r.num_prefill_tokens == 16]
+    assert len(prefill_steps) == 4 and prefill_steps == list(range(prefill_steps[0], prefill_steps[0] + 4))
+    assert all(core.trace[i].num_decode_tokens == 0 for i in prefill_steps)
+    # one virtual second per step: the streams' longest gap spans the four chunks and a step
+    assert max(a.metrics.itl) == max(b.metrics.itl) == 5.0
 
 
 def test_decode_first_admits_a_prompt_only_when_nothing_decodes():

@@ -5,8 +5,6 @@ import torch
 from minillm.config import ModelConfig
 from minillm.sim.cost_model import predict_step as cost_model_predict_step
 from minillm.engine import LLMEngine
-from minillm.book.fidelity import (FittedHardware, _basis_hardware, evaluation_shapes, fit_step_model,
-                              measure_step_times, predict_step_times, step_shape)
 from minillm.sim.hardware import PROFILES
 from minillm.loader import build_model
 from minillm.scheduler import SchedulerConfig
@@ -17,7 +15,8 @@ SMALL = dict(prompt_len=80, num_decoders=3, decoder_prompt_len=8, warmup_tokens=
 POLICY_CONFIGS = [SchedulerConfig(policy="chunked", chunk_size=24),
                   SchedulerConfig(policy="chunked", chunk_size=7, token_budget=16, max_num_seqs=8),
                   SchedulerConfig(policy="prefill_first"),
-                  SchedulerConfig(policy="decode_first")]
+                  SchedulerConfig(policy="decode_first"),
+                  SchedulerConfig(policy="chunked_prefill_first", chunk_size=24)]
 
 
 @pytest.fixture(scope="module")
@@ -110,30 +109,3 @@ def test_bad_workloads_and_chunk_sizes_are_value_errors():
         simulate(long_prompt_interference(**SMALL), SchedulerConfig(chunk_size=0))
     with pytest.raises(ValueError, match="prompt_len"):
         long_prompt_interference(prompt_len=-5)
-
-
-# ---- fidelity: fitting this machine ------------------------------------------------
-def test_step_shape_is_a_chunk_plus_decodes():
-    assert step_shape(64, 2, 10) == [(64, 10), (1, 10), (1, 10)]
-    assert step_shape(0, 1, 5) == [(1, 5)]
-    with pytest.raises(ValueError, match="num_decodes"):
-        step_shape(4, -1, 0)
-
-
-def test_fit_recovers_known_factors_from_noise_free_times():
-    cfg = ModelConfig.preset("tiny")
-    truth = FittedHardware(_basis_hardware(1 / 5e10, 1 / 8e9, 2e-6, 1e-3), per_seq_overhead_s=3e-4)
-    shapes = evaluation_shapes()
-    times = predict_step_times(cfg, shapes, truth, dtype_bytes=4)
-    fitted = fit_step_model(cfg, shapes, times, dtype_bytes=4)
-    again = predict_step_times(cfg, shapes, fitted, dtype_bytes=4)
-    assert max(abs(a - t) / t for a, t in zip(again, times)) < 1e-6
-    assert fitted.hardware.peak_flops_s == pytest.approx(5e10, rel=1e-4)
-    assert fitted.per_seq_overhead_s == pytest.approx(3e-4, rel=1e-3)
-
-
-def test_measure_step_times_times_real_steps(tiny_model):
-    times = measure_step_times(tiny_model, [(0, 1, 8), (16, 1, 8)], repeats=1)
-    assert len(times) == 2 and all(t > 0 for t in times)
-    with pytest.raises(ValueError, match="repeats"):
-        measure_step_times(tiny_model, [(0, 1, 8)], repeats=0)

@@ -36,3 +36,46 @@ def test_bad_poisson_settings_name_the_argument():
         workloads.poisson_mix(rate_per_s=0)
     with pytest.raises(ValueError, match="prompt_len"):
         workloads.poisson_mix(prompt_len=(10, 5))
+
+
+def test_arrivals_have_the_asked_rate_and_burstiness_bunches_them():
+    import statistics
+    from minillm.sim.workloads import arrival_times
+    for burstiness in (0.25, 1.0, 4.0):
+        times = arrival_times(4000, rate_per_s=8.0, burstiness=burstiness, seed=1)
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        assert statistics.mean(gaps) == pytest.approx(1 / 8.0, rel=0.1)
+        # a gamma of shape k has coefficient of variation 1/sqrt(k)
+        assert statistics.stdev(gaps) / statistics.mean(gaps) == pytest.approx(burstiness ** -0.5, rel=0.15)
+    assert arrival_times(5, float("inf")) == [0.0] * 5
+
+
+def test_steady_traffic_is_seeded_and_the_rate_moves_only_the_arrivals():
+    from minillm.sim.workloads import steady_traffic
+    a = steady_traffic(2.0, 50, "chat", seed=3)
+    b = steady_traffic(2.0, 50, "chat", seed=3)
+    c = steady_traffic(8.0, 50, "chat", seed=3)
+    assert a.requests == b.requests
+    assert [(r.prompt_len, r.max_tokens) for r in a.requests] == [(r.prompt_len, r.max_tokens) for r in c.requests]
+    assert c.requests[-1].arrival_time < a.requests[-1].arrival_time
+    assert all(r.prompt_len + r.max_tokens < 4096 for r in a.requests)
+
+
+@pytest.mark.parametrize("lengths, prompt_median, output_median", [
+    ("uniform", 562, 562), ("chat", 1730, 415), ("long_prompt", 7059, 208)])
+def test_length_mixes_match_their_published_medians(lengths, prompt_median, output_median):
+    import statistics
+    from minillm.sim.workloads import steady_traffic
+    w = steady_traffic(1.0, 3000, lengths, max_model_len=10**6, seed=0)
+    assert statistics.median(r.prompt_len for r in w.requests) == pytest.approx(prompt_median, rel=0.08)
+    assert statistics.median(r.max_tokens for r in w.requests) == pytest.approx(output_median, rel=0.08)
+
+
+@pytest.mark.parametrize("kwargs, arg", [
+    (dict(rate_per_s=0), "rate_per_s"), (dict(rate_per_s=-1.0), "rate_per_s"),
+    (dict(num_requests=0), "num_requests"), (dict(lengths="sharegpt"), "lengths"),
+    (dict(burstiness=0), "burstiness"), (dict(max_model_len=1), "max_model_len")])
+def test_bad_steady_traffic_names_the_argument(kwargs, arg):
+    from minillm.sim.workloads import steady_traffic
+    with pytest.raises(ValueError, match=arg):
+        steady_traffic(**kwargs)

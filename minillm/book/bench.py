@@ -13,6 +13,8 @@ asserts in tests (shared machines are noisy).
                 same weights and requests (batches of 8, left padding)
   simulator     the cost model's predicted step times against measured ones
   memory        heap growth per request of a long-running engine (bench_memory.py)
+  lab           the chapter-7 lab's response: a cached slider move, a new setting
+  capacity      Sarathi-Serve's capacity headline reproduced on the simulator
 """
 from __future__ import annotations
 
@@ -300,12 +302,51 @@ def _first_mismatch(model, prompts, outs, hf_tokens):
     return None
 
 
+def bench_lab(repeats: int = 2) -> dict:
+    """The lab's response times, as a learner meets them (seconds, wall clock).
+
+    new_setting_s: a LabView opened on a fresh load setting (every simulation:
+    the chunk sweep and the capacity searches; the lab shows progress meanwhile);
+    new_rate_s: the rate slider moved to a rate not seen (the sweep at that rate);
+    cached_move_s: median of chunk-size moves over settings already simulated
+    (verdict, in-place redraw and PNG render), `repeats` rounds over 4 chunk sizes.
+    """
+    import statistics
+
+    from . import lab, widgets
+    lab.LAB.clear()
+    settings = lab.LabSettings(workload="chat", rate_per_s=4.0, itl_slo_ms=100.0)
+    t0 = time.perf_counter()
+    view = widgets.LabView(settings)
+    new_setting_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    view.controls["rate_per_s"].value = 8.0
+    new_rate_s = time.perf_counter() - t0
+    moves = []
+    for _ in range(repeats):
+        for chunk in (64, 256, 1024, 4096):
+            t0 = time.perf_counter()
+            view.controls["chunk_size"].value = chunk
+            moves.append(time.perf_counter() - t0)
+    interference = widgets.LabView(lab.LabSettings())
+    interference_moves = []
+    for chunk in (64, 256, 1024, 64, 256, 1024)[:3 * repeats]:
+        t0 = time.perf_counter()
+        interference.controls["chunk_size"].value = chunk
+        interference_moves.append(time.perf_counter() - t0)
+    return {"new_setting_s": new_setting_s, "new_rate_s": new_rate_s,
+            "cached_move_s": statistics.median(moves), "cached_moves": moves,
+            "interference_move_s": statistics.median(interference_moves[len(interference_moves) // 2:]),
+            "targets": {"cached_move_s": 0.25, "new_setting_s": "2 s or progress shown"}}
+
+
 def main(argv: list[str]) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m minillm bench")
-    parser.add_argument("which", choices=["chunk-cost", "interference", "hf", "simulator", "memory",
-                                          "prefix-cache", "partial-prefills", "all"], nargs="?", default="all")
+    parser.add_argument("which", choices=["chunk-cost", "interference", "hf", "simulator", "memory", "lab",
+                                          "capacity", "prefix-cache", "partial-prefills", "all"],
+                        nargs="?", default="all")
     parser.add_argument("--out", default="bench-results", help="folder for the JSON results and figures")
     parser.add_argument("--shape", choices=sorted(BENCH_SHAPES) + ["all"], default="tiny",
                         help="model shape for chunk-cost, interference and hf ('all': each in turn)")
@@ -340,6 +381,23 @@ def main(argv: list[str]) -> int:
         print(f"\nMemory of a long-running engine ({args.memory_requests:,} short requests, "
               "heap growth after a quarter of them)")
         print(report(results["memory"]))
+    if args.which in ("lab", "all"):
+        r = bench_lab()
+        results["lab"] = r
+        print(f"\nThe lab: a cached slider move answers in {r['cached_move_s'] * 1e3:.0f} ms (median; "
+              f"target 250), interference lab {r['interference_move_s'] * 1e3:.0f} ms; a new load setting "
+              f"{r['new_setting_s']:.1f} s (progress shown), a new rate {r['new_rate_s']:.1f} s")
+    if args.which in ("capacity", "all"):
+        from ..sim.capacity import sarathi_headline
+        r = sarathi_headline()
+        results["capacity"] = r
+        print(f"\nSarathi-Serve's capacity experiment on the simulator (Mistral-7B, A100-80GB profile, "
+              f"chat mix; decode step {r['decode_step_ms']:.1f} ms)")
+        for name in ("strict", "relaxed"):
+            c = r[name]
+            paper = f" (paper: {c['paper_ratio']}x)" if c["paper_ratio"] else ""
+            print(f"  {name:8s} P99 ITL <= {c['itl_p99_slo_ms']:.0f} ms: " + ", ".join(
+                f"{k} {v:.2f} req/s" for k, v in c["capacity_req_s"].items()) + f": {c['ratio']:.1f}x{paper}")
     (out / "bench.json").write_text(json.dumps(results, indent=1, default=str))
     print(f"\nresults written to {out}/")
     return 0

@@ -1,21 +1,20 @@
 """Figures: pure functions of their inputs, each returning a matplotlib Figure.
 
-Nothing here keeps state or leaves a figure open in pyplot: a notebook cell
-that returns the Figure shows it once, a test counts its artists, and the
-chapter-7 widget only wires sliders to these functions.
+Nothing here keeps state, runs a simulation or leaves a figure open in
+pyplot: the data comes in (a trace, outputs, sweep rows), a Figure goes out.
+A notebook cell that returns the Figure shows it once, a test counts its
+artists, and the chapter-7 lab (book/lab.py) computes its rows and passes
+them here. The lab's names that used to live here resolve through lab.py.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from functools import lru_cache
-from numbers import Integral, Real
+from numbers import Real
 
 import matplotlib.pyplot as plt
 import matplotlib.ticker
 
-from ..scheduler import SchedulerConfig
+from ..metrics import percentile
 from ..sim.simulator import resolve_hardware, resolve_model
-from ..sim.workloads import Workload, long_prompt_interference
 
 PREFILL_COLOR = "#d62728"    # red: prompt tokens
 DECODE_COLOR = "#1f77b4"     # blue: decode tokens
@@ -115,160 +114,13 @@ def plot_token_gaps(outputs, tag=None, ax=None, title=None, legend: bool = True)
 # ---------------------------------------------------------------------------
 # The lab: settings -> runs -> figures. Every view is a function of the settings.
 # ---------------------------------------------------------------------------
-CHUNK_SIZES = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
-OFF = "off"                  # no chunking: the prefill_first policy
-MODES = ("simulate", "measure")
-
-
-@dataclass(frozen=True)
-class LabSettings:
-    """What the lab's controls set. chunk_size: tokens, or "off" (prefill_first)."""
-    chunk_size: int | str = 512
-    num_decoders: int = 4
-    prompt_len: int = 2048
-    model: str = "llama-3-8b"
-    hardware: str = "A100-80GB"
-    mode: str = "simulate"           # or "measure": the real tiny engine on this device
-    itl_slo_ms: float = 50.0         # every decoder gap must stay under this
-
-    def check(self) -> "LabSettings":
-        """Raise ValueError naming the first bad setting; return self."""
-        c = self.chunk_size
-        if c != OFF and (isinstance(c, bool) or not isinstance(c, Integral) or c < 1):
-            raise ValueError(f"chunk_size={c!r}: must be a positive number of tokens "
-                             f"(e.g. 512) or {OFF!r} for no chunking")
-        if isinstance(self.num_decoders, bool) or not isinstance(self.num_decoders, Integral) \
-                or self.num_decoders < 1:
-            raise ValueError(f"num_decoders={self.num_decoders!r}: must be an integer >= 1")
-        if isinstance(self.prompt_len, bool) or not isinstance(self.prompt_len, Integral) \
-                or self.prompt_len < 1:
-            raise ValueError(f"prompt_len={self.prompt_len!r}: must be a positive number of tokens")
-        _check_choice("mode", self.mode, MODES)
-        if not (isinstance(self.itl_slo_ms, Real) and self.itl_slo_ms > 0):
-            raise ValueError(f"itl_slo_ms={self.itl_slo_ms!r}: must be a positive number of milliseconds")
-        if self.mode == "simulate":
-            cfg = resolve_model(self.model)
-            resolve_hardware(self.hardware)
-            if self.prompt_len >= cfg.max_position:
-                raise ValueError(f"prompt_len={self.prompt_len}: {cfg.name} accepts at most "
-                                 f"{cfg.max_position - 1} prompt tokens")
-        elif self.prompt_len >= 4096:
-            raise ValueError(f"prompt_len={self.prompt_len}: the built-in model accepts at most 4095")
-        return self
-
-    def sched(self) -> SchedulerConfig:
-        if self.chunk_size == OFF:
-            return SchedulerConfig(policy="prefill_first")
-        return SchedulerConfig(policy="chunked", chunk_size=int(self.chunk_size))
-
-    def workload(self) -> Workload:
-        return long_prompt_interference(prompt_len=self.prompt_len, num_decoders=self.num_decoders)
-
-
-@dataclass
-class LabRun:
-    """One run of the interference scenario: what the views need."""
-    settings: LabSettings
-    outputs: list
-    trace: list
-    summary: dict
-    device: str                      # what produced it: "A100-80GB (simulated)", "cpu (measured)"
-
-
-def _as_settings(settings=None, **overrides) -> LabSettings:
-    if settings is None:
-        settings = LabSettings()
-    if isinstance(settings, dict):
-        settings = LabSettings(**settings)
-    if not isinstance(settings, LabSettings):
-        raise ValueError(f"settings={settings!r}: give a LabSettings or a dict of its fields")
-    if overrides:
-        settings = replace(settings, **overrides)
-    return settings.check()
-
-
-def _summary_row(summary: dict) -> dict:
-    return {"long_ttft_s": summary["long_ttft_s"], "tpot_mean_s": summary["decoder_tpot_mean_s"],
-            "itl_p99_s": summary["decoder_itl_p99_s"], "itl_max_s": summary["decoder_itl_max_s"],
-            "throughput_tok_s": summary["throughput_tok_s"], "duration_s": summary["duration_s"],
-            "num_steps": summary["num_steps"]}
-
-
-@lru_cache(maxsize=256)
-def _simulated_run(settings: LabSettings) -> LabRun:
-    from ..sim.simulator import simulate
-    res = simulate(settings.workload(), settings.sched(), model=settings.model, hardware=settings.hardware)
-    name = settings.hardware if isinstance(settings.hardware, str) else settings.hardware.name
-    return LabRun(settings, res.outputs, res.trace, res.summary(), f"{name} (simulated)")
-
-
-_MEASURED: dict[LabSettings, LabRun] = {}
-
-
-@lru_cache(maxsize=2)
-def _tiny_model(device: str):
-    import torch
-
-    from ..loader import build_model
-    return build_model("tiny", seed=0, dtype=torch.float32, device=device)
-
-
-def _measured_run(settings: LabSettings, progress: bool = False) -> LabRun:
-    """The real engine with the built-in tiny model on this device (memoized per settings)."""
-    key = replace(settings, model="tiny", hardware="this device", itl_slo_ms=1.0)
-    if key not in _MEASURED:
-        from ..device import default_device
-        from ..engine import LLMEngine
-        from ..sim.simulator import SimResult
-        device = default_device()
-        model = _tiny_model(str(device))
-        sched = settings.sched()
-        workload = settings.workload()
-        num_blocks = sum(-(-(r.prompt_len + r.max_tokens) // 16) for r in workload.requests)
-        engine = LLMEngine(model, sched, block_size=16, num_blocks=num_blocks)
-        outputs = engine.run_workload(workload, progress=progress)
-        summary = SimResult(outputs, engine.trace, model.cfg, None, sched).summary()
-        _MEASURED[key] = LabRun(key, outputs, engine.trace, summary, f"{device.type} (measured, tiny model)")
-    return _MEASURED[key]
-
-
-def lab_run(settings=None, progress: bool = False, **overrides) -> LabRun:
-    """Run the settings' scenario: simulated (cached) or measured on this device."""
-    settings = _as_settings(settings, **overrides)
-    if settings.mode == "simulate":
-        return _simulated_run(replace(settings, itl_slo_ms=1.0))  # the SLO does not change the run
-    return _measured_run(settings, progress=progress)
-
-
-def chunk_sweep(settings=None, chunk_sizes=CHUNK_SIZES, **overrides) -> list[dict]:
-    """One row per chunk size (and "off"): long TTFT, decoders' TPOT, p99 and max ITL.
-
-    Simulate mode runs every chunk size (each run cached). Measure mode only
-    reports the chunk sizes already measured for this scenario: measuring is
-    slow, so the curve fills in as the learner moves the slider.
-    """
-    settings = _as_settings(settings, **overrides)
-    rows = []
-    for chunk in (*chunk_sizes, OFF):
-        point = replace(settings, chunk_size=chunk)
-        if settings.mode == "measure":
-            key = replace(point, model="tiny", hardware="this device", itl_slo_ms=1.0)
-            if key not in _MEASURED:
-                continue
-            run = _MEASURED[key]
-        else:
-            run = lab_run(point)
-        rows.append({"chunk_size": chunk, **_summary_row(run.summary)})
-    return rows
-
-
 def plot_chunk_sweep(rows, current=None, ax=None, itl_slo_ms=None, title=None):
     """TTFT of the long prompt and the decoders' mean TPOT, p99 and max ITL (ms)
     against chunk size (log axis); "off" (no chunking) as dotted lines; the
     current chunk size marked."""
     fig, ax = _new_axes(ax)
-    chunked = sorted((r for r in rows if r["chunk_size"] != OFF), key=lambda r: r["chunk_size"])
-    off = next((r for r in rows if r["chunk_size"] == OFF), None)
+    chunked = sorted((r for r in rows if r["chunk_size"] != "off"), key=lambda r: r["chunk_size"])
+    off = next((r for r in rows if r["chunk_size"] == "off"), None)
     series = (("long_ttft_s", "long prompt TTFT", "#d62728", "o"),
               ("tpot_mean_s", "decoders' mean TPOT", "#1f77b4", "s"),
               ("itl_p99_s", "decoders' p99 ITL", "#9467bd", "^"),
@@ -281,11 +133,11 @@ def plot_chunk_sweep(rows, current=None, ax=None, itl_slo_ms=None, title=None):
             ax.axhline(off[key] * 1e3, color=color, linestyle=":", linewidth=1)
     if itl_slo_ms is not None:
         ax.axhline(itl_slo_ms, color="black", linestyle="--", linewidth=1, label=f"ITL SLO {itl_slo_ms:g} ms")
-    if current is not None and current != OFF:
+    if current is not None and current != "off":
         ax.axvline(current, color="gray", linewidth=6, alpha=0.3, label=f"current: {current}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ticks = [c for c in CHUNK_SIZES if chunked and chunked[0]["chunk_size"] <= c <= chunked[-1]["chunk_size"]]
+    ticks = [r["chunk_size"] for r in chunked]
     ax.set_xticks(ticks, [str(c) for c in ticks])
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
@@ -299,19 +151,6 @@ def plot_chunk_sweep(rows, current=None, ax=None, itl_slo_ms=None, title=None):
     return fig
 
 
-def lab_verdict(settings=None, **overrides) -> str:
-    """One line: does this setting meet the ITL SLO, and at what TTFT?"""
-    settings = _as_settings(settings, **overrides)
-    s = lab_run(settings).summary
-    worst_ms, ttft_ms = s["decoder_itl_max_s"] * 1e3, s["long_ttft_s"] * 1e3
-    tpot_ms = s["decoder_tpot_mean_s"] * 1e3
-    what = "no chunking" if settings.chunk_size == OFF else f"chunk {settings.chunk_size}"
-    ok = worst_ms <= settings.itl_slo_ms
-    return (f"{'MEETS' if ok else 'MISSES'} the {settings.itl_slo_ms:g} ms ITL SLO with {what}: "
-            f"worst decoder gap {worst_ms:.1f} ms (mean TPOT {tpot_ms:.1f} ms), "
-            f"long prompt TTFT {ttft_ms:.0f} ms")
-
-
 def pick_chunk_size(rows, itl_slo_ms: float):
     """Among sweep rows whose worst decoder gap (itl_max_s) is <= itl_slo_ms, the
     chunk_size with the lowest long-prompt TTFT (ties: the smaller chunk); None if none."""
@@ -320,48 +159,8 @@ def pick_chunk_size(rows, itl_slo_ms: float):
     meeting = [r for r in rows if r["itl_max_s"] * 1e3 <= itl_slo_ms]
     if not meeting:
         return None
-    order = lambda r: (r["long_ttft_s"], float("inf") if r["chunk_size"] == OFF else r["chunk_size"])
+    order = lambda r: (r["long_ttft_s"], float("inf") if r["chunk_size"] == "off" else r["chunk_size"])
     return min(meeting, key=order)["chunk_size"]
-
-
-def best_chunk_size(settings=None, chunk_sizes=CHUNK_SIZES, **overrides):
-    """The chunk size (or "off") with the lowest long-prompt TTFT among those
-    whose worst decoder gap meets settings.itl_slo_ms; None if none does."""
-    settings = _as_settings(settings, **overrides)
-    return pick_chunk_size(chunk_sweep(settings, chunk_sizes), settings.itl_slo_ms)
-
-
-def lab_figure(settings=None, progress: bool = False, **overrides):
-    """The lab's four views of one setting: step timeline, token gaps, the sweep, and
-    the verdict as the figure's title."""
-    settings = _as_settings(settings, **overrides)
-    run = lab_run(settings, progress=progress)
-    # a fixed layout (no constrained layout, no mathtext ticks): the lab redraws
-    # this on every slider move, and text layout is most of the drawing time
-    fig = plt.figure(figsize=(12, 7))
-    plt.close(fig)
-    axes = fig.subplot_mosaic([["timeline", "gaps"], ["sweep", "sweep"]],
-                              gridspec_kw=dict(left=0.06, right=0.98, bottom=0.08, top=0.9,
-                                               hspace=0.4, wspace=0.18))
-    what = "no chunking" if settings.chunk_size == OFF else f"chunk {settings.chunk_size}"
-    plot_step_timeline(run.trace, ax=axes["timeline"], x="time",
-                       title=f"Steps over time ({what}): the longest takes "
-                             f"{max(r.duration for r in run.trace) * 1e3:.0f} ms")
-    plot_token_gaps(run.outputs, tag="decoder", ax=axes["gaps"], legend=False,
-                    title=f"{settings.num_decoders} streams' token gaps around the long prompt: worst "
-                          f"{run.summary['decoder_itl_max_s'] * 1e3:.1f} ms")
-    # zoom both top views on the long prompt's life: arrival to a little past its first token
-    long = next(o for o in run.outputs if o.tag == "long")
-    t0, t1 = long.metrics.arrival_time, long.metrics.first_token_time
-    pad = max(t1 - t0, 1e-6)
-    axes["timeline"].set_xlim((t0 - 0.25 * pad) * 1e3, (t1 + 0.5 * pad) * 1e3)
-    axes["gaps"].set_xlim(t0 - 0.25 * pad, t1 + 0.5 * pad)
-    plot_chunk_sweep(chunk_sweep(settings), current=settings.chunk_size, ax=axes["sweep"],
-                     itl_slo_ms=settings.itl_slo_ms)
-    model = "tiny" if settings.mode == "measure" else (
-        settings.model if isinstance(settings.model, str) else settings.model.name)
-    fig.suptitle(f"{model} on {run.device}: {lab_verdict(settings)}", fontsize="medium")
-    return fig
 
 
 # ---------------------------------------------------------------------------
@@ -428,7 +227,7 @@ def plot_op_fidelity(profile, ops=("qkv_proj", "mlp_down_proj"), hardware=None, 
         tokens = [r[0] for r in rows]
         ax.scatter(tokens, [r[1] * 1e6 for r in rows], s=6, color=color, label=f"{op} measured")
         ax.plot(tokens, [r[2] * 1e6 for r in rows], color=color, linewidth=1, label=f"{op} predicted")
-        worst.append(sorted(abs(r[3]) for r in rows)[len(rows) // 2])
+        worst.append(percentile([abs(r[3]) for r in rows], 50))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("tokens in the step (GEMM rows)")
@@ -462,53 +261,177 @@ def plot_step_fidelity(rows, ax=None, title=None):
     ax.set_ylabel("predicted step time (ms)")
     ax.legend(loc="upper left", fontsize="x-small")
     if title is None:
-        errors = sorted(abs(p - m) / m for m, p in zip(measured, predicted))
-        title = f"{len(rows)} steps: median |error| {errors[len(errors) // 2]:.0%}"
+        errors = [abs(p - m) / m for m, p in zip(measured, predicted)]
+        title = f"{len(rows)} steps: median |error| {percentile(errors, 50):.0%}"
     ax.set_title(title, fontsize="small")
     return fig
 
 
-def plot_stall(settings=None, chunk_size=512, **overrides):
-    """Two rows: the step timeline and the streams' gaps without chunking (top)
-    and with chunk_size (bottom), zoomed on the long prompt."""
-    settings = _as_settings(settings, **overrides)
-    fig, axes = plt.subplots(2, 2, figsize=(11, 6), layout="constrained")
-    plt.close(fig)
-    for row, chunk in zip(axes, (OFF, chunk_size)):
-        run = lab_run(replace(settings, chunk_size=chunk))
-        what = "no chunking" if chunk == OFF else f"chunk {chunk}"
-        plot_step_timeline(run.trace, ax=row[0], x="time",
-                           title=f"{what}: longest step {max(r.duration for r in run.trace) * 1e3:.0f} ms")
-        plot_token_gaps(run.outputs, tag="decoder", ax=row[1],
-                        title=f"{what}: worst gap {run.summary['decoder_itl_max_s'] * 1e3:.0f} ms, "
-                              f"long TTFT {run.summary['long_ttft_s'] * 1e3:.0f} ms")
-        long = next(o for o in run.outputs if o.tag == "long")
-        t0, t1 = long.metrics.arrival_time, long.metrics.first_token_time
-        pad = max(t1 - t0, 1e-6)
-        row[0].set_xlim((t0 - 0.25 * pad) * 1e3, (t1 + 0.5 * pad) * 1e3)
-        row[1].set_xlim(t0 - 0.25 * pad, t1 + 0.5 * pad)
-    name = settings.model if isinstance(settings.model, str) else settings.model.name
-    fig.suptitle(f"{name} on {settings.hardware}: a {settings.prompt_len}-token prompt stalls "
-                 f"{settings.num_decoders} streams; chunks of {chunk_size} cap the stall")
+
+
+# ---------------------------------------------------------------------------
+# The lab's figures (book/lab.py computes the data, these draw it)
+# ---------------------------------------------------------------------------
+def _pin_titles(fig):
+    """Fix every axes title's height: matplotlib otherwise measures the tick labels
+    to place it on each draw, most of a lab redraw's time."""
+    for ax in fig.axes:
+        ax.set_title(ax.get_title(), y=1.0, fontsize=ax.title.get_fontsize())
+
+
+def _lab_canvas(fig, figsize, mosaic, **gridspec):
+    """(figure, axes by name): `fig` cleared and re-laid (the lab redraws one figure
+    in place), or a new closed figure. A fixed layout (no constrained layout):
+    text layout is most of a redraw's time."""
+    if fig is None:
+        fig = plt.figure(figsize=figsize)
+        plt.close(fig)
+    else:
+        fig.clear()
+    return fig, fig.subplot_mosaic(mosaic, gridspec_kw=gridspec)
+
+
+def plot_interference_lab(trace, outputs, rows, current_chunk, itl_slo_ms, probe, num_streams,
+                          stream_tag, worst_gap_s, title, fig=None):
+    """Step timeline and the streams' token gaps zoomed on the probe prompt's life
+    (probe = (arrival, first token) in s), and the chunk sweep below."""
+    fig, axes = _lab_canvas(fig, (12, 7), [["timeline", "gaps"], ["sweep", "sweep"]],
+                            left=0.06, right=0.98, bottom=0.08, top=0.9, hspace=0.4, wspace=0.18)
+    what = "no chunking" if current_chunk == "off" else f"chunk {current_chunk}"
+    plot_step_timeline(trace, ax=axes["timeline"], x="time",
+                       title=f"Steps over time ({what}): the longest takes "
+                             f"{max(r.duration for r in trace) * 1e3:.0f} ms")
+    plot_token_gaps(outputs, tag=stream_tag, ax=axes["gaps"], legend=False,
+                    title=f"{num_streams} streams' token gaps around the long prompt: worst "
+                          f"{worst_gap_s * 1e3:.1f} ms")
+    t0, t1 = probe
+    pad = max(t1 - t0, 1e-6)
+    axes["timeline"].set_xlim((t0 - 0.25 * pad) * 1e3, (t1 + 0.5 * pad) * 1e3)
+    axes["gaps"].set_xlim(t0 - 0.25 * pad, t1 + 0.5 * pad)
+    plot_chunk_sweep(rows, current=current_chunk, ax=axes["sweep"], itl_slo_ms=itl_slo_ms)
+    fig.suptitle(title, fontsize="medium")
+    _pin_titles(fig)
     return fig
 
 
-def save_readme_figures(out_dir="figures", dpi: int = 110) -> list:
-    """Write stall_timeline.png, ttft_tpot_vs_chunk.png and roofline.png (Llama-3-8B
-    on an A100-80GB, simulated: fast and deterministic); return the paths."""
-    from pathlib import Path
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    settings = LabSettings(model="llama-3-8b", hardware="A100-80GB", chunk_size=512)
-    figures = {
-        "stall_timeline.png": plot_stall(settings, chunk_size=512),
-        "ttft_tpot_vs_chunk.png": plot_chunk_sweep(chunk_sweep(settings), current=512,
-                                                   itl_slo_ms=settings.itl_slo_ms),
-        "roofline.png": plot_roofline("llama-3-8b", "A100-80GB"),
-    }
-    paths = []
-    for name, fig in figures.items():
-        path = out / name
-        fig.savefig(path, dpi=dpi, metadata={"Software": None})
-        paths.append(path)
-    return paths
+def plot_stall_pair(runs, stream_tag, probe_tag, title):
+    """runs: [(label, trace, outputs, summary)] -> one row each: the step timeline
+    and the streams' gaps, zoomed on the probe prompt."""
+    fig, axes = plt.subplots(len(runs), 2, figsize=(11, 3 * len(runs)), layout="constrained", squeeze=False)
+    plt.close(fig)
+    for row, (what, trace, outputs, summary) in zip(axes, runs):
+        plot_step_timeline(trace, ax=row[0], x="time",
+                           title=f"{what}: longest step {max(r.duration for r in trace) * 1e3:.0f} ms")
+        plot_token_gaps(outputs, tag=stream_tag, ax=row[1],
+                        title=f"{what}: worst gap {summary['decoder_itl_max_s'] * 1e3:.0f} ms, "
+                              f"long TTFT {summary['long_ttft_s'] * 1e3:.0f} ms")
+        probe = next(o for o in outputs if o.tag == probe_tag)
+        t0, t1 = probe.metrics.arrival_time, probe.metrics.first_token_time
+        pad = max(t1 - t0, 1e-6)
+        row[0].set_xlim((t0 - 0.25 * pad) * 1e3, (t1 + 0.5 * pad) * 1e3)
+        row[1].set_xlim(t0 - 0.25 * pad, t1 + 0.5 * pad)
+    fig.suptitle(title)
+    return fig
+
+
+_POLICY_STYLE = {"chunked": ("#1f77b4", "o", "-"), "chunked_prefill_first": ("#ff7f0e", "s", "-"),
+                 "prefill_first": ("#d62728", None, "--"), "decode_first": ("#7f7f7f", None, ":")}
+
+
+def plot_load_lab(rows, capacity_rows, current_chunk, current_policy, rate_per_s, itl_slo_ms, ttft_slo_ms,
+                  title, fig=None, policy_labels=None):
+    """Under load, two views against chunk size (log axis):
+
+    left: median and P99 TTFT, mean TPOT and P99 ITL (ms) at rate_per_s (rows:
+    lab.chunk_sweep, "off" as dotted lines), the SLOs dashed;
+    right: capacity (req/s meeting both SLOs) per policy (capacity_rows:
+    lab.capacity_rows; unchunked policies as horizontal lines).
+    The current setting is marked on both."""
+    policy_labels = policy_labels or {}
+    fig, axes = _lab_canvas(fig, (12, 4.6), [["latency", "capacity"]],
+                            left=0.06, right=0.98, bottom=0.13, top=0.84, wspace=0.2)
+    ax = axes["latency"]
+    chunked = sorted((r for r in rows if r["chunk_size"] != "off"), key=lambda r: r["chunk_size"])
+    off = next((r for r in rows if r["chunk_size"] == "off"), None)
+    xs = [r["chunk_size"] for r in chunked]
+    for key, label, color, marker in (("ttft_p50_s", "median TTFT", "#d62728", "o"),
+                                      ("ttft_p99_s", "P99 TTFT", "#ff9896", "o"),
+                                      ("tpot_mean_s", "mean TPOT", "#1f77b4", "s"),
+                                      ("itl_p99_s", "P99 ITL", "#9467bd", "^")):
+        ax.plot(xs, [r[key] * 1e3 for r in chunked], marker=marker, color=color, label=label,
+                linewidth=1.2, markersize=4)
+        if off is not None:
+            ax.axhline(off[key] * 1e3, color=color, linestyle=":", linewidth=1)
+    ax.axhline(itl_slo_ms, color="#9467bd", linestyle="--", linewidth=1, label=f"ITL SLO {itl_slo_ms:g} ms")
+    ax.axhline(ttft_slo_ms, color="#d62728", linestyle="--", linewidth=1, label=f"TTFT SLO {ttft_slo_ms:g} ms")
+    if current_chunk != "off" and current_policy in ("chunked", "chunked_prefill_first"):
+        ax.axvline(current_chunk, color="gray", linewidth=6, alpha=0.3)
+    _chunk_axis(ax, xs)
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.set_ylabel("ms")
+    ax.legend(loc="best", fontsize="x-small", ncol=2)
+    name = policy_labels.get(current_policy, current_policy)
+    if len(chunked) >= 2:
+        first, last = chunked[0], chunked[-1]
+        ax.set_title(f"At {rate_per_s:g} req/s ({name}): chunk {first['chunk_size']}->{last['chunk_size']} moves "
+                     f"mean TPOT {first['tpot_mean_s'] * 1e3:.0f}->{last['tpot_mean_s'] * 1e3:.0f} ms, "
+                     f"median TTFT {first['ttft_p50_s'] * 1e3:.0f}->{last['ttft_p50_s'] * 1e3:.0f} ms",
+                     fontsize="small")
+    ax = axes["capacity"]
+    best = max((r["capacity_req_s"] for r in capacity_rows), default=0.0)
+    for policy, (color, marker, style) in _POLICY_STYLE.items():
+        mine = [r for r in capacity_rows if r["policy"] == policy]
+        if not mine:
+            continue
+        label = policy_labels.get(policy, policy)
+        if mine[0]["chunk_size"] is None:
+            ax.axhline(mine[0]["capacity_req_s"], color=color, linestyle=style, linewidth=1.5, label=label)
+        else:
+            mine.sort(key=lambda r: r["chunk_size"])
+            ax.plot([r["chunk_size"] for r in mine], [r["capacity_req_s"] for r in mine], color=color,
+                    marker=marker, linestyle=style, label=label, linewidth=1.4, markersize=5)
+        if policy == current_policy:
+            here = next((r for r in mine if r["chunk_size"] in (None, current_chunk)), None)
+            if here is not None:
+                x = current_chunk if here["chunk_size"] is not None else None
+                if x is not None:
+                    ax.scatter([x], [here["capacity_req_s"]], s=160, facecolors="none", edgecolors="black",
+                               linewidths=2, zorder=4, label="current setting")
+                else:
+                    ax.axhline(here["capacity_req_s"], color="black", linewidth=3, alpha=0.25,
+                               label="current setting")
+    _chunk_axis(ax, sorted({r["chunk_size"] for r in capacity_rows if r["chunk_size"] is not None}))
+    ax.set_ylim(0, max(best * 1.15, 0.5))
+    ax.set_ylabel("capacity (req/s meeting both SLOs)")
+    ax.legend(loc="best", fontsize="x-small")
+    top = max(capacity_rows, key=lambda r: r["capacity_req_s"]) if capacity_rows else None
+    if top is not None:
+        where = "" if top["chunk_size"] is None else f" at chunk {top['chunk_size']}"
+        ax.set_title(f"Most capacity: {policy_labels.get(top['policy'], top['policy'])}{where}, "
+                     f"{top['capacity_req_s']:.2f} req/s", fontsize="small")
+    fig.suptitle(title, fontsize="small")
+    _pin_titles(fig)
+    return fig
+
+
+def _chunk_axis(ax, chunk_sizes):
+    ax.set_xscale("log", base=2)
+    ticks = list(chunk_sizes)
+    if ticks:
+        ax.set_xticks(ticks, [str(c) for c in ticks])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.set_xlabel("chunk size (tokens)")
+
+
+# The lab's state and runs moved to book/lab.py; these names still resolve here.
+_LAB_NAMES = ("CHUNK_SIZES", "OFF", "MODES", "LabSettings", "LabRun", "lab_run", "chunk_sweep", "lab_verdict",
+              "best_chunk_size", "lab_figure", "plot_stall", "save_readme_figures", "capacity_rows")
+
+
+def __getattr__(name):
+    if name in _LAB_NAMES:
+        from . import lab
+        return getattr(lab, name)
+    raise AttributeError(f"module 'minillm.book.figures' has no attribute {name!r}")

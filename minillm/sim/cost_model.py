@@ -141,7 +141,7 @@ def predict_step(cfg, requests, hardware="H100-SXM", dtype_bytes: int = 2) -> St
     # Not in by_op: two RMSNorms, RoPE and two residual adds per layer (each
     # reads and writes [T, d]-sized activations), the embedding gather.
     per_layer_misc_s = 5 * elementwise_time_s(2 * num_tokens * cfg.hidden_size * b, hw)
-    overhead_s = (hw.step_overhead_s + layers * per_layer_misc_s
+    overhead_s = (hw.step_overhead_s + hw.per_seq_overhead_s * len(reqs) + layers * per_layer_misc_s
                   + elementwise_time_s(num_tokens * cfg.hidden_size * b, hw))
     return StepTime(sum(by_op.values()) + overhead_s, by_op, overhead_s)
 

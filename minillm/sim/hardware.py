@@ -10,7 +10,7 @@ A `Hardware` holds two kinds of numbers:
   sustains, the GEMM tile the M and N dimensions are padded to, a kernel-launch
   cost and a per-step overhead. For the A100 and H100 these were fitted once per
   GPU to measured operator times (see op_profiles.py for how); `calibrate()`
-  measures them on the machine at hand.
+  fits them to the real engine's steps on the machine at hand (calibration.py).
 
 Datasheets (dense, no sparsity; bf16 = the Tensor Core BF16 figure):
   A100: NVIDIA A100 Tensor Core GPU datasheet: 312 TFLOP/s bf16, 1,555 GB/s
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -50,6 +49,7 @@ class Hardware:
     kernel_launch_s: float = 0.0         # fixed cost added to every kernel
     kernel_floor_s: float = 0.0          # no kernel is faster than this
     step_overhead_s: float = 0.0         # per step: scheduling, sampling, host work
+    per_seq_overhead_s: float = 0.0      # per request in the step (a CPU attention loops over them)
     source: str = ""                     # where the numbers come from
 
     def __post_init__(self):
@@ -62,12 +62,6 @@ class Hardware:
     def ridge_point(self) -> float:
         """FLOPs per byte where the datasheet roofline turns from memory- to compute-bound."""
         return self.peak_flops_s / self.mem_bandwidth_bytes_s
-
-    @property
-    def effective_ridge_point(self) -> float:
-        """The same with the sustained fractions: where real GEMMs turn compute-bound."""
-        return (self.peak_flops_s * self.gemm_efficiency) / (
-            self.mem_bandwidth_bytes_s * self.bandwidth_efficiency)
 
     def attainable_flops_s(self, intensity: float) -> float:
         """The roofline: min(peak, bandwidth x intensity)."""
@@ -125,35 +119,23 @@ def cache_dir() -> Path:
     return Path(os.environ.get("MINILLM_CACHE_DIR") or Path.home() / ".cache" / "minillm")
 
 
-def _best_time_s(fn, device, repeats: int) -> float:
-    from ..device import synchronize
-    fn()                                         # warm-up: allocation, thread pool, kernels
-    synchronize(device)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        synchronize(device)
-        best = min(best, time.perf_counter() - t0)
-    return best
+def calibrate(device=None, dtype=None, force: bool = False, repeats: int = 5, progress: bool = True,
+              cache_path: str | Path | None = None, shapes=None) -> Hardware:
+    """This machine's profile, fitted to measured steps of the real engine; cached.
 
-
-def calibrate(device=None, dtype=None, force: bool = False, matmul_size: int = 1024,
-              copy_mib: int = 64, repeats: int = 5, progress: bool = True,
-              cache_path: str | Path | None = None) -> Hardware:
-    """Measure this machine's roofline for the engine's dtype; cached.
-
-    Measures: a square matmul of matmul_size (peak FLOP/s), a copy of copy_mib
-    MiB (bandwidth, read + write), a matrix-vector product over a weight of
-    copy_mib MiB (the decode-like weight stream, giving bandwidth_efficiency)
-    and an 8x8 matmul (the per-kernel floor). Best of `repeats` runs each.
-    Results are cached in this process and on disk (cache_dir(), keyed by
-    device, dtype and torch version); force=True measures again.
+    Times the built-in "tiny" model's steps over calibration.calibration_shapes()
+    (or `shapes`: (chunk, num_decodes, num_cached) triples), the fastest of
+    `repeats` round-robin runs each, and fits effective FLOP/s, bandwidth and
+    per-kernel, per-step and per-sequence overheads (calibration.fit_step_model).
+    So predict_step and simulate on the result predict the real engine on this
+    device, for shapes the fit did not see too (tests/test_calibration.py).
+    Cached in this process and on disk (cache_dir(), keyed by device, dtype,
+    torch version and the shapes); force=True measures again.
     """
     import torch
-    from tqdm.auto import tqdm
 
     from ..device import resolve_device
+    from .calibration import calibration_shapes, fit_step_model, measure_step_times
 
     dev = resolve_device(device)
     if dtype is None:
@@ -162,12 +144,15 @@ def calibrate(device=None, dtype=None, force: bool = False, matmul_size: int = 1
         if not isinstance(getattr(torch, dtype, None), torch.dtype):
             raise ValueError(f"dtype={dtype!r}: not a torch dtype; try 'float32' or 'bfloat16'")
         dtype = getattr(torch, dtype)
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r}: must be a positive integer")
+    shapes = [tuple(s) for s in (shapes if shapes is not None else calibration_shapes())]
+    if len(shapes) < 5:
+        raise ValueError(f"shapes: {len(shapes)} given; the fit has five factors, give at least 5")
     dtype_name = str(dtype).removeprefix("torch.")
-    matmul_size, copy_mib, repeats = (check_int(arg, value, 1) for arg, value in (
-        ("matmul_size", matmul_size), ("copy_mib", copy_mib), ("repeats", repeats)))
-    key = (str(dev), dtype_name, torch.__version__, matmul_size, copy_mib)
+    key = (str(dev), dtype_name, torch.__version__, "tiny", repr(shapes))
     path = Path(cache_path) if cache_path is not None else \
-        cache_dir() / f"hardware-{dev.type}{dev.index or ''}-{dtype_name}-torch{torch.__version__}.json"
+        cache_dir() / f"steps-{dev.type}{dev.index or ''}-{dtype_name}-torch{torch.__version__}.json"
     if not force:
         if key in _CALIBRATED:
             return _CALIBRATED[key]
@@ -180,49 +165,16 @@ def calibrate(device=None, dtype=None, force: bool = False, matmul_size: int = 1
         except (OSError, ValueError, TypeError, KeyError):
             pass                                  # no or stale cache: measure
 
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    n = matmul_size
-    a = torch.randn(n, n, device=dev).to(dtype)
-    b = torch.randn(n, n, device=dev).to(dtype)
-    numel = copy_mib * 2**20 // itemsize
-    src = torch.empty(numel, device=dev, dtype=dtype).uniform_()
-    dst = torch.empty_like(src)
-    rows = max(1, int(numel ** 0.5))
-    weight = src[: rows * rows].view(rows, rows)          # [K, N], copy_mib MiB
-    x = torch.randn(1, rows, device=dev).to(dtype)          # one token: a decode GEMV
-    tiny = torch.randn(8, 8, device=dev).to(dtype)
-
-    steps = {
-        "matmul": lambda: torch.mm(a, b),
-        "copy": lambda: dst.copy_(src),
-        "gemv": lambda: torch.mm(x, weight),
-        "launch": lambda: torch.mm(tiny, tiny),
-    }
-    times_s = {}
-    for name in tqdm(steps, desc=f"calibrating {dev.type} {dtype_name}", disable=not progress):
-        times_s[name] = _best_time_s(steps[name], dev, repeats if name != "launch" else 50)
-
-    peak_flops_s = 2 * n ** 3 / times_s["matmul"]
-    bandwidth_bytes_s = 2 * numel * itemsize / times_s["copy"]          # read + write
-    gemv_bytes_s = rows * rows * itemsize / times_s["gemv"]
-    if dev.type == "cuda":
-        memory_bytes = torch.cuda.get_device_properties(dev).total_memory
-        label = torch.cuda.get_device_name(dev)
-    else:
-        memory_bytes = 0.0
-        label = dev.type
-    hw = Hardware(
-        name=f"this {label} ({dtype_name}, measured)",
-        peak_flops_s=peak_flops_s,
-        mem_bandwidth_bytes_s=bandwidth_bytes_s,
-        memory_bytes=float(memory_bytes),
-        dtype=dtype_name,
-        gemm_efficiency=1.0,                       # the peak IS a measured matmul
-        attention_efficiency=1.0,
-        bandwidth_efficiency=min(1.0, gemv_bytes_s / bandwidth_bytes_s),
-        kernel_launch_s=times_s["launch"],
-        source=f"calibrate(): {n}^3 matmul, {copy_mib} MiB copy and GEMV, torch {torch.__version__}",
-    )
+    from ..loader import build_model
+    model = build_model("tiny", seed=0, dtype=dtype, device=dev)
+    measured_s = measure_step_times(model, shapes, repeats=repeats, progress=progress)
+    label = torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type
+    hw = fit_step_model(model.cfg, shapes, measured_s, dtype_bytes=model.dtype.itemsize,
+                        name=f"this {label} ({dtype_name}, fitted to engine steps)")
+    memory_bytes = float(torch.cuda.get_device_properties(dev).total_memory) if dev.type == "cuda" else 0.0
+    hw = hw.replace(memory_bytes=memory_bytes, dtype=dtype_name,
+                    source=f"calibrate(): {len(shapes)} tiny-model steps timed (best of {repeats}) "
+                           f"and fitted, torch {torch.__version__}")
     _CALIBRATED[key] = hw
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

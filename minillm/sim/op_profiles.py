@@ -26,6 +26,7 @@ import random
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..metrics import percentile
 from ..config import ModelConfig
 from .cost_model import layer_linear_times_s
 from .hardware import Hardware, get_hardware
@@ -123,13 +124,8 @@ def linear_op_errors(profile, hardware=None, ops=LINEAR_OPS, dtype_bytes: int = 
 
 def error_summary(errors: dict) -> tuple[float, float]:
     """Median and 90th percentile of |relative error| over all ops and rows of linear_op_errors."""
-    abs_errors = sorted(abs(e) for rows in errors.values() for *_, e in rows)
-
-    def pct(q):
-        i = q * (len(abs_errors) - 1)
-        lo, hi = math.floor(i), math.ceil(i)
-        return abs_errors[lo] + (abs_errors[hi] - abs_errors[lo]) * (i - lo)
-    return pct(0.5), pct(0.9)
+    abs_errors = [abs(e) for rows in errors.values() for *_, e in rows]
+    return percentile(abs_errors, 50), percentile(abs_errors, 90)
 
 
 def fit_hardware_factors(paths, hardware, trials: int = 300, seed: int = 0) -> Hardware:

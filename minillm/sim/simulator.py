@@ -11,6 +11,7 @@ engine would make; only the durations are predicted.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 from ..config import ModelConfig
 from .cost_model import StepTime, predict_step
 from ..engine import EngineCore, StepRecord, VirtualClock
@@ -100,14 +101,15 @@ class SimResult:
     workload: Workload | None = None
     ttft_slo_s: float | None = None
     tpot_slo_s: float | None = None
-    extra: dict = field(default_factory=dict)
 
-    def summary(self, ttft_slo_s: float | None = None, tpot_slo_s: float | None = None) -> dict:
-        """metrics.summarize, plus per tag (e.g. the long prompt's TTFT and the
-        decoders' ITL) and the step counts. Times in seconds."""
+    def summary(self, ttft_slo_s: float | None = None, tpot_slo_s: float | None = None,
+                slo_ms: dict | None = None) -> dict:
+        """metrics.summarize (slo_ms: vLLM's --goodput keys in ms), plus per tag
+        (e.g. the long prompt's TTFT and the decoders' ITL) and the step counts.
+        Times in seconds."""
         ttft_slo_s = self.ttft_slo_s if ttft_slo_s is None else ttft_slo_s
         tpot_slo_s = self.tpot_slo_s if tpot_slo_s is None else tpot_slo_s
-        out = summarize(self.outputs, ttft_slo_s, tpot_slo_s)
+        out = summarize(self.outputs, ttft_slo_s, tpot_slo_s, slo_ms)
         out["num_steps"] = len(self.trace)
         out["max_step_s"] = max((r.duration for r in self.trace), default=0.0)
         tags = sorted({o.tag for o in self.outputs if o.tag})
@@ -118,14 +120,18 @@ class SimResult:
                 "tpot": distribution(o.metrics.tpot for o in tagged if o.metrics.tpot is not None),
                 "itl": distribution(g for o in tagged for g in o.metrics.itl),
             }
-        if "long" in out:
-            out["long_ttft_s"] = out["long"]["ttft"]["max"]
-        if "decoder" in out:
-            itl = out["decoder"]["itl"]
+        # The workload names its roles (long_prompt_interference: the probe prompt
+        # and the decoding streams); the simulator knows no tag of its own.
+        params = self.workload.params if self.workload is not None else {}
+        probe, streams = params.get("probe_tag"), params.get("stream_tag")
+        if probe in out:
+            out["long_ttft_s"] = out[probe]["ttft"]["max"]
+        if streams in out:
+            itl = out[streams]["itl"]
             out["decoder_itl_p50_s"] = itl["median"]
             out["decoder_itl_p99_s"] = itl["p99"]
             out["decoder_itl_max_s"] = itl["max"]
-            out["decoder_tpot_mean_s"] = out["decoder"]["tpot"]["mean"]
+            out["decoder_tpot_mean_s"] = out[streams]["tpot"]["mean"]
         return out
 
 

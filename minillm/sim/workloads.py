@@ -5,6 +5,7 @@ A Workload is plain data, served the same way by the real engine
 """
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -98,7 +99,8 @@ def long_prompt_interference(prompt_len: int = 2048, num_decoders: int = 4,
                     description=f"{num_decoders} streams decoding, then one {prompt_len}-token prompt",
                     params=dict(prompt_len=prompt_len, num_decoders=num_decoders,
                                 decoder_prompt_len=decoder_prompt_len, warmup_tokens=warmup_tokens,
-                                decoder_output_len=decoder_output_len, long_output_len=long_output_len))
+                                decoder_output_len=decoder_output_len, long_output_len=long_output_len,
+                                probe_tag="long", stream_tag="decoder"))
 
 
 def poisson_mix(num_requests: int = 32, rate_per_s: float = 4.0, prompt_len=(32, 512),
@@ -125,3 +127,92 @@ def poisson_mix(num_requests: int = 32, rate_per_s: float = 4.0, prompt_len=(32,
                     description=f"{num_requests} requests, Poisson at {rate_per_s}/s",
                     params=dict(num_requests=num_requests, rate_per_s=rate_per_s,
                                 prompt_len=prompt_len, output_len=output_len))
+
+
+# ---- steady traffic: arrivals at a rate, lengths from a named distribution ----
+
+@dataclass(frozen=True)
+class LengthDist:
+    """How long a prompt or an output is. kind "fixed": always `a` tokens;
+    "uniform": a..b inclusive; "lognormal": median `a`, 90th percentile `b`
+    (a log-normal matched to two published statistics)."""
+    kind: str
+    a: int
+    b: int = 0
+
+    def sample(self, rng: random.Random, low: int, high: int) -> int:
+        """One length, clipped to [low, high] (the model's context bounds it)."""
+        if self.kind == "fixed":
+            value = self.a
+        elif self.kind == "uniform":
+            value = rng.randint(self.a, self.b)
+        else:
+            mu = math.log(self.a)
+            sigma = (math.log(self.b) - mu) / _Z90
+            value = round(rng.lognormvariate(mu, sigma))
+        return max(low, min(high, int(value)))
+
+
+_Z90 = 1.2815515655446004            # the standard normal's 90th percentile
+
+# name -> (prompt lengths, output lengths, where the statistics come from)
+LENGTH_MIXES: dict[str, tuple[LengthDist, LengthDist, str]] = {
+    "fixed": (LengthDist("fixed", 512), LengthDist("fixed", 128),
+              "512 in, 128 out for every request"),
+    "uniform": (LengthDist("uniform", 100, 1024), LengthDist("uniform", 100, 1024),
+                "uniform 100-1024 tokens in and out: nano-vllm's bench.py and mini-sglang's benchmark"),
+    # Sarathi-Serve (Agrawal et al., OSDI'24, Table 2) serves two traces; we match a
+    # log-normal to the median and P90 it reports for each (prompt and output tokens).
+    "chat": (LengthDist("lognormal", 1730, 5696), LengthDist("lognormal", 415, 834),
+             "openchat_sharegpt4 as Sarathi-Serve reports it: prompts median 1730 / P90 5696, "
+             "outputs median 415 / P90 834 tokens"),
+    "long_prompt": (LengthDist("lognormal", 7059, 12985), LengthDist("lognormal", 208, 371),
+                    "arxiv_summarization as Sarathi-Serve reports it: prompts median 7059 / P90 12985, "
+                    "outputs median 208 / P90 371 tokens"),
+}
+
+
+def arrival_times(num_requests: int, rate_per_s: float, burstiness: float = 1.0,
+                  seed: int = 0) -> list[float]:
+    """Arrival times (s) as `vllm bench serve` draws them: gaps from a gamma
+    distribution of shape `burstiness` and mean 1/rate_per_s. burstiness=1 is
+    a Poisson process; below 1 the arrivals bunch up, above 1 they even out.
+    rate_per_s=inf: everyone at t=0. The first request arrives at t=0."""
+    num_requests = check_int("num_requests", num_requests, 1)
+    rate_per_s = check_real("rate_per_s", rate_per_s, 0, exclusive_minimum=True, allow_inf=True,
+                            hint="requests per second; float('inf') for all at once")
+    burstiness = check_real("burstiness", burstiness, 0, exclusive_minimum=True, hint="1.0 = Poisson")
+    rng = random.Random(seed)
+    times, t = [], 0.0
+    for _ in range(num_requests):
+        times.append(t)
+        if rate_per_s != math.inf:
+            t += rng.gammavariate(burstiness, 1.0 / (rate_per_s * burstiness))
+    return times
+
+
+def steady_traffic(rate_per_s: float = 4.0, num_requests: int = 64, lengths: str = "uniform",
+                   burstiness: float = 1.0, max_model_len: int = 4096, seed: int = 0) -> Workload:
+    """num_requests arriving at rate_per_s (gamma gaps, see arrival_times), with
+    prompt and output lengths drawn from LENGTH_MIXES[lengths].
+
+    Lengths are clipped so that prompt + output fits max_model_len (default
+    4096: every preset's context; a long-prompt mix is truncated there).
+    Seeded: the same seed gives the same lengths at every rate, so a sweep
+    over the rate changes the arrivals only.
+    """
+    if lengths not in LENGTH_MIXES:
+        raise ValueError(f"lengths={lengths!r}: choose one of {tuple(LENGTH_MIXES)}")
+    max_model_len = check_int("max_model_len", max_model_len, 2)
+    times = arrival_times(num_requests, rate_per_s, burstiness, seed)
+    prompt_dist, output_dist, source = LENGTH_MIXES[lengths]
+    rng = random.Random(seed + 7919)                 # lengths independent of the arrivals
+    requests = []
+    for t in times:
+        output_len = output_dist.sample(rng, 1, max_model_len // 4)
+        prompt_len = prompt_dist.sample(rng, 1, max_model_len - output_len - 1)
+        requests.append(WorkloadRequest(prompt_len, output_len, arrival_time=t, tag=lengths))
+    return Workload(tuple(requests), seed=seed,
+                    description=f"{num_requests} requests at {rate_per_s:g}/s ({lengths}: {source})",
+                    params=dict(rate_per_s=rate_per_s, num_requests=num_requests, lengths=lengths,
+                                burstiness=burstiness, max_model_len=max_model_len))

@@ -1,0 +1,77 @@
+"""The lab under load: its state (book/lab.py), its views and the widget that runs it."""
+import matplotlib.pyplot as plt
+import pytest
+
+from minillm.book import lab, widgets
+
+# A small load so each simulation takes a fraction of a second.
+LOAD = dict(workload="uniform", rate_per_s=6.0, itl_slo_ms=100.0, ttft_slo_ms=2000.0,
+            model="llama-3-8b", hardware="A100-80GB")
+
+
+@pytest.fixture(autouse=True)
+def small_lab(monkeypatch):
+    monkeypatch.setattr(lab, "LOAD_REQUESTS", 16)
+    monkeypatch.setattr(lab, "CAPACITY_CHUNKS", (64, 1024))
+    monkeypatch.setattr(lab, "LAB_RATES", (1.0, 4.0, 16.0, 64.0))
+    yield
+    plt.close("all")
+
+
+def test_under_load_tpot_rises_and_ttft_falls_with_the_chunk_size():
+    rows = {r["chunk_size"]: r for r in lab.chunk_sweep(LOAD, chunk_sizes=(32, 4096))}
+    assert rows[4096]["tpot_mean_s"] > rows[32]["tpot_mean_s"]      # decodes share steps with C prompt tokens
+    assert rows[4096]["ttft_p50_s"] < rows[32]["ttft_p50_s"]        # queues drain in fewer, bigger steps
+
+
+def test_capacity_rows_cover_every_policy_and_chunked_chunks():
+    rows = lab.capacity_rows(LOAD)
+    assert {r["policy"] for r in rows} == set(lab.LAB_POLICIES)
+    assert {r["chunk_size"] for r in rows if r["policy"] == "chunked"} == {64, 1024}
+    assert all(r["chunk_size"] is None for r in rows if r["policy"] in ("prefill_first", "decode_first"))
+    assert all(r["capacity_req_s"] in (0.0, *lab.LAB_RATES) for r in rows)
+
+
+def test_the_verdict_moves_with_the_chunk_size_and_the_rate():
+    a = lab.lab_verdict(LOAD, chunk_size=64)
+    b = lab.lab_verdict(LOAD, chunk_size=1024)
+    c = lab.lab_verdict(LOAD, chunk_size=1024, rate_per_s=2.0)
+    assert len({a, b, c}) == 3 and "chunk 64" in a and "2 req/s" in c
+
+
+def test_the_load_figure_marks_the_current_setting_and_titles_with_the_verdict():
+    fig = lab.lab_figure(LOAD, chunk_size=1024)
+    latency, cap = fig.axes
+    assert lab.lab_verdict(LOAD, chunk_size=1024) in fig._suptitle.get_text()
+    assert any(line.get_xdata()[0] == 1024 for line in latency.lines if len(line.get_xdata()) == 2)
+    assert any(c.get_label() == "current setting" for c in cap.collections)
+
+
+def test_the_widget_redraws_one_figure_in_place_and_the_picture_changes():
+    view = widgets.LabView(lab.LabSettings(**LOAD, chunk_size=64))
+    first_fig, first_png, first_verdict = view.figure, view.image.value, view.verdict.value
+    view.controls["chunk_size"].value = 1024                 # what a slider move does
+    assert view.figure is first_fig and view.redraws == 2
+    assert view.image.value != first_png and view.verdict.value != first_verdict
+    view.controls["rate_per_s"].value = 2.0
+    assert view.redraws == 3 and "2 req/s" in view.verdict.value
+
+
+@pytest.mark.parametrize("bad, word", [
+    (dict(rate_per_s=0), "rate_per_s"), (dict(itl_slo_ms=1.0), "below one decode step"),
+    (dict(ttft_slo_ms=-1), "ttft_slo_ms"), (dict(mode="measure"), "measure"),
+    (dict(policy="fastest"), "policy"), (dict(workload="sharegpt"), "workload")])
+def test_bad_load_settings_are_a_line_in_the_lab_and_a_value_error_from_the_api(bad, word):
+    settings = {**LOAD, **bad}
+    with pytest.raises(ValueError, match=word):
+        lab.lab_verdict(**settings)
+    view = widgets.LabView(lab.LabSettings(**LOAD))
+    redraws = view.redraws
+    assert view.update(**{**view.values(), **bad}) is False
+    assert "Cannot run this setting" in view.verdict.value and word.split()[0] in view.verdict.value
+    assert view.redraws == redraws                           # the last good figure stays
+
+
+def test_capacity_needs_steady_traffic():
+    with pytest.raises(ValueError, match="interference"):
+        lab.capacity_rows(workload="interference")
