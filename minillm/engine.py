@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .detokenizer import IncrementalDetokenizer
 from .device import synchronize
 from .kv_cache import BlockManager, blocks_for
 from .model_runner import ModelRunner, StepChunk, check_prompt
@@ -153,6 +154,7 @@ class EngineCore:
                 request.metrics.finish_time = end
                 self.scheduler.finish(request)
                 self.executor.release(request)
+            self._on_token(request)
             outputs.append(request.to_output())
         self.trace.append(StepRecord(
             start=start, end=end,
@@ -160,6 +162,9 @@ class EngineCore:
             num_prefill_tokens=plan.num_tokens - decode_tokens, num_decode_tokens=decode_tokens,
             preempted=[r.request_id for r in plan.preempted]))
         return outputs
+
+    def _on_token(self, request: Request) -> None:
+        """Hook after each sampled token (the real engine decodes text here)."""
 
     def generate(self, prompts, params=None, progress: bool = False) -> list[RequestOutput]:
         """Run the prompts to completion; outputs in input order."""
@@ -295,7 +300,7 @@ class LLMEngine(EngineCore):
     """The real engine: a model, a scheduler config and a paged KV pool."""
 
     def __init__(self, model, sched: SchedulerConfig | None = None, block_size: int = 16,
-                 num_blocks: int | None = None, backend: str | None = None):
+                 num_blocks: int | None = None, backend: str | None = None, tokenizer=None):
         sched = sched if sched is not None else SchedulerConfig()
         if num_blocks is None:
             num_blocks = default_num_blocks(model, sched.max_num_seqs, block_size)
@@ -304,6 +309,18 @@ class LLMEngine(EngineCore):
                          eos_token_ids=model.cfg.eos_token_ids, max_model_len=model.cfg.max_position)
         self.model = model
         self.vocab_size = model.cfg.vocab_size
+        self.tokenizer = tokenizer            # None: outputs carry ids only, text=None
+        self._detokenizers: dict[int, IncrementalDetokenizer] = {}
+
+    def _on_token(self, request: Request) -> None:
+        if self.tokenizer is None:
+            return
+        detokenizer = self._detokenizers.setdefault(request.request_id, IncrementalDetokenizer(self.tokenizer))
+        detokenizer.push(request.output_token_ids[-1])
+        if request.is_finished:
+            detokenizer.flush()
+            del self._detokenizers[request.request_id]
+        request.text = detokenizer.text
 
     def _check_prompt(self, prompt_token_ids, prompt_len):
         return check_prompt(self.model, prompt_token_ids, arg="prompt_token_ids")

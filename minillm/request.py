@@ -88,6 +88,7 @@ class RequestOutput:
     metrics: RequestMetrics
     finish_reason: str | None = None     # "length", "eos", "stop"
     tag: str | None = None               # workload label, e.g. "long" or "decoder"
+    text: str | None = None              # the output decoded so far, when the engine has a tokenizer
 
 
 class Request:
@@ -104,6 +105,7 @@ class Request:
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None
         self.metrics = RequestMetrics(arrival_time=arrival_time)
+        self.text: str | None = None          # set by an engine that has a tokenizer
 
     @property
     def num_tokens(self) -> int:
@@ -150,7 +152,7 @@ class Request:
             request_id=self.request_id, prompt_token_ids=self.prompt_token_ids,
             prompt_len=self.prompt_len, output_token_ids=list(self.output_token_ids),
             finished=self.is_finished, metrics=self.metrics, finish_reason=self.finish_reason,
-            tag=self.tag)
+            tag=self.tag, text=self.text)
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id}, {self.status.value}, prompt={self.prompt_len}, "
