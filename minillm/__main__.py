@@ -6,7 +6,7 @@ import sys
 USAGE = """usage: python -m minillm COMMAND [options]
 
 commands:
-  bench [interference|hf|simulator|all] [--out DIR]   benchmarks on this device
+  bench [interference|hf|hf-real|simulator|all] [--out DIR]   benchmarks on this device
   figures [--out DIR]                                  regenerate the README's figures
 """
 

@@ -99,16 +99,23 @@ def _read_cache(folder: Path, dtype, device, backend):
 
 
 def _write_cache(folder: Path, cfg, state: dict, tokenizer: Tokenizer) -> None:
-    """Written file by file, then marked done: a crash leaves no half cache."""
+    """Written in a private folder, then renamed into place: a crash or a
+    second process writing at the same time never leaves a half cache."""
+    import shutil
+
     from safetensors.torch import save_file
+    staging = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        staging.mkdir(parents=True, exist_ok=True)
         config = cfg.to_dict()
         if isinstance(config.get("eos_token_id"), tuple):
             config["eos_token_id"] = list(config["eos_token_id"])
-        (folder / "config.json").write_text(json.dumps(config))
-        save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"))
-        tokenizer.save(folder / "tokenizer.json")
-        (folder / "done").write_text("ok")
+        (staging / "config.json").write_text(json.dumps(config))
+        save_file({k: v.contiguous() for k, v in state.items()}, str(staging / "model.safetensors"))
+        tokenizer.save(staging / "tokenizer.json")
+        (staging / "done").write_text("ok")
+        os.rename(staging, folder)
     except OSError:
-        pass   # a read-only home: no cache, the next load parses the GGUF again
+        pass   # a read-only home, or another process won the race: nothing to do
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
