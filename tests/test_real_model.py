@@ -35,20 +35,28 @@ def tok():
     return minillm.pretrained(NAME, device="cpu")[1]
 
 
-@pytest.fixture(scope="module")
-def hf(gguf_file):
-    """transformers' own GGUF path (its dequantization, its unpermutation)."""
+def _from_gguf(loader, gguf_file, **kwargs):
+    """transformers' own GGUF path (its dequantization, its unpermutation,
+    its tokenizer conversion), with the same parser minus memmap overhead."""
     import gguf
-    transformers = pytest.importorskip("transformers")
     mp = pytest.MonkeyPatch()
-    mp.setattr(gguf, "GGUFReader", _reader_class())    # the same parser, without memmap overhead
+    mp.setattr(gguf, "GGUFReader", _reader_class())
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(gguf_file.parent), gguf_file=gguf_file.name, dtype=torch.float32).eval()
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
+        return loader.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name, **kwargs)
     finally:
         mp.undo()
-    return model, tokenizer
+
+
+@pytest.fixture(scope="module")
+def hf_tok(gguf_file):
+    transformers = pytest.importorskip("transformers")
+    return _from_gguf(transformers.AutoTokenizer, gguf_file)
+
+
+@pytest.fixture(scope="module")
+def hf(gguf_file, hf_tok):
+    transformers = pytest.importorskip("transformers")
+    return _from_gguf(transformers.AutoModelForCausalLM, gguf_file, dtype=torch.float32).eval(), hf_tok
 
 
 def test_logits_match_transformers_over_hundreds_of_tokens(model, tok, hf):
@@ -80,11 +88,12 @@ def test_the_capital_of_france_is_paris(model, tok):
     assert "Paris" in out.text and out.finish_reason == "eos"
 
 
-def test_tokenizer_matches_transformers_on_text_digits_and_the_chat_template(tok, hf):
-    theirs = hf[1]
+def test_tokenizer_matches_transformers_on_text_digits_and_the_chat_template(tok, hf_tok):
+    theirs = hf_tok
     for text in (TEXT, "Room 1234, 3.14159 and 2**10", "  leading spaces\n\ttabs", "<|im_start|>user\nhi"):
         assert tok.encode(text) == theirs.encode(text, add_special_tokens=False), text
-        assert tok.decode(tok.encode(text)) == text
+        assert tok.decode(tok.encode(text), skip_special_tokens=False) == text
+    assert tok.decode(tok.encode("<|im_start|>user\nhi")) == "user\nhi"      # special tokens hidden
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"},
                 {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye"}]
     assert tok.apply_chat_template(messages, tokenize=False) == theirs.apply_chat_template(
