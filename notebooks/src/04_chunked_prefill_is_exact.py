@@ -480,9 +480,9 @@ assert all(real_answers["float32", c].output_token_ids == real_answers["float32"
            for c in (32,)), "float32: chunking must not change the greedy text"
 
 # %% [markdown]
-# In float32 the text is identical for every chunk size. In bfloat16 it may not be: on a
-# GPU (and often on a CPU) the continuation of a chunked prefill parts ways with the whole
-# prefill's after some tokens. The output above says where, on this machine. This is what
+# In float32 the text is identical for every chunk size. In bfloat16 it need not be: the
+# continuation of a chunked prefill can part ways with the whole prefill's after some
+# tokens. The output above says whether and where, on this machine. This is what
 # vLLM's users keep reporting: "Chunked prefill vs. non-chunked output is different for a
 # long prompt" (vllm-project/vllm#5952, on an A40), "Inconsistent evaluations when enabling
 # / disabling chunked_prefill" (vllm-project/vllm#9706, vLLM 0.6.3). The maintainer's answer
