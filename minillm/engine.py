@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .detokenizer import IncrementalDetokenizer
 from .device import available_ram_bytes, synchronize
 from .kv_cache import BlockManager, blocks_for
 from .model import LlamaModel
@@ -259,6 +260,7 @@ class EngineCore:
                 reason = "length"
             if reason is not None:
                 self._finish(request, reason, end)
+            self._on_token(request)
             outputs.append(request.to_output())
         self._record(StepRecord(
             start=start, end=end,
@@ -297,6 +299,9 @@ class EngineCore:
         if bar is not None:
             bar.close()
         return final
+
+    def _on_token(self, request: Request) -> None:
+        """Hook after each sampled token (the real engine decodes text here)."""
 
     def generate(self, prompts, params=None, progress: bool = False) -> list[RequestOutput]:
         """Run the prompts to completion; outputs in input order."""
@@ -440,7 +445,7 @@ class LLMEngine(EngineCore):
 
     def __init__(self, model, sched: SchedulerConfig | None = None, block_size: int = 16,
                  num_blocks: int | None = None, backend: str | None = None,
-                 enable_prefix_caching: bool = False, *,
+                 enable_prefix_caching: bool = False, tokenizer=None, *,
                  max_trace_steps: int | None = None, max_finished_requests: int = 1024):
         check_instance("model", model, LlamaModel, "a model",
                        hint="minillm.build_model('tiny') or minillm.load_hf_model(path)")
@@ -457,6 +462,23 @@ class LLMEngine(EngineCore):
                          max_trace_steps=max_trace_steps, max_finished_requests=max_finished_requests)
         self.model = model
         self.vocab_size = model.cfg.vocab_size
+        self.tokenizer = tokenizer            # None: outputs carry ids only, text=None
+        self._detokenizers: dict[int, IncrementalDetokenizer] = {}
+
+    def _on_token(self, request: Request) -> None:
+        if self.tokenizer is None:
+            return
+        detokenizer = self._detokenizers.setdefault(request.request_id, IncrementalDetokenizer(self.tokenizer))
+        detokenizer.push(request.output_token_ids[-1])
+        if request.is_finished:
+            detokenizer.flush()
+            del self._detokenizers[request.request_id]
+        request.text = detokenizer.text
+
+    def _finish(self, request: Request, reason: str, time_s: float, error: str | None = None) -> None:
+        super()._finish(request, reason, time_s, error)
+        if reason in ("abort", "error"):     # no token follows to flush its text: drop it now
+            self._detokenizers.pop(request.request_id, None)
 
     def _check_prompt(self, prompt_token_ids, prompt_len) -> tuple[list[int], int]:
         # A batch of prompts is not one prompt: refuse a 2-D tensor or array

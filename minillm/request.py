@@ -94,6 +94,7 @@ class RequestOutput:
     finish_reason: str | None = None     # "length", "eos", "stop", "abort", "error"
     error: str | None = None             # finish_reason "error": what went wrong
     tag: str | None = None               # workload label, e.g. "long" or "decoder"
+    text: str | None = None              # the output decoded so far, when the engine has a tokenizer
 
 
 class Request:
@@ -111,6 +112,7 @@ class Request:
         self.finish_reason: str | None = None
         self.error: str | None = None         # why a request finished with "error"
         self.metrics = RequestMetrics(arrival_time=arrival_time)
+        self.text: str | None = None          # set by an engine that has a tokenizer
 
     @property
     def num_tokens(self) -> int:
@@ -159,7 +161,7 @@ class Request:
             prompt_token_ids=None if self.prompt_token_ids is None else list(self.prompt_token_ids),
             prompt_len=self.prompt_len, output_token_ids=list(self.output_token_ids),
             finished=self.is_finished, metrics=self.metrics, finish_reason=self.finish_reason,
-            error=self.error, tag=self.tag)
+            error=self.error, tag=self.tag, text=self.text)
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id}, {self.status.value}, prompt={self.prompt_len}, "

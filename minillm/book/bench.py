@@ -11,6 +11,8 @@ asserts in tests (shared machines are noisy).
                 chunk sizes; the long prompt's TTFT and the streams' gaps
   hf            useful output tokens/s against transformers' generate on the
                 same weights and requests (batches of 8, left padding)
+  hf-real       the same race on a real model (SmolLM2-135M-Instruct) with
+                32 chat requests: text, not only tokens, must be identical
   simulator     the cost model's predicted step times against measured ones
   memory        heap growth per request of a long-running engine (bench_memory.py)
   lab           the chapter-7 lab's response: a cached slider move, a new setting
@@ -230,14 +232,18 @@ def to_hf_model(model):
                          eos_token_id=cfg.eos_token_id, pad_token_id=0)
     hf = LlamaForCausalLM(hf_cfg).to(dtype=model.dtype, device=model.device).eval()
     missing, unexpected = hf.load_state_dict(model.state_dict(), strict=False)
+    if cfg.tie_word_embeddings:     # the LM head is the embedding: nothing to load
+        hf.tie_weights()
+        missing = [k for k in missing if k != "lm_head.weight"]
     if [k for k in missing if "rotary" not in k] or unexpected:
         raise RuntimeError(f"weights do not line up: missing {missing}, unexpected {unexpected}")
     return hf
 
 
-def hf_generate(hf, prompts, output_lens, batch_size: int = 8):
+def hf_generate(hf, prompts, output_lens, batch_size: int = 8, eos_token_id=None):
     """transformers' generate, greedy, in batches with left padding; returns
-    each request's first output_len tokens and the wall time."""
+    each request's first output_len tokens (up to and with its EOS when
+    eos_token_id is given) and the wall time."""
     device = next(hf.parameters()).device
     results = []
     t0 = time.perf_counter()
@@ -252,10 +258,14 @@ def hf_generate(hf, prompts, output_lens, batch_size: int = 8):
             mask[i, width - len(p):] = 1
         with torch.inference_mode():
             out = hf.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                              max_new_tokens=max(lens), min_new_tokens=max(lens), do_sample=False,
-                              pad_token_id=0, eos_token_id=None)
+                              max_new_tokens=max(lens), do_sample=False, pad_token_id=0,
+                              eos_token_id=eos_token_id,
+                              min_new_tokens=None if eos_token_id is not None else max(lens))
         for i, n in enumerate(lens):
-            results.append(out[i, width:width + n].tolist())
+            tokens = out[i, width:width + n].tolist()
+            if eos_token_id in tokens:
+                tokens = tokens[:tokens.index(eos_token_id) + 1]
+            results.append(tokens)
     if device.type == "cuda":
         torch.cuda.synchronize()
     return results, time.perf_counter() - t0
@@ -287,6 +297,38 @@ def bench_hf(num_requests: int = 32, device=None, seed: int = 0, shape: str = "t
     }
 
 
+def bench_hf_real(num_requests: int = 32, device=None, dtype=torch.float32, max_tokens=(16, 96)) -> dict:
+    """Useful output tokens/s on SmolLM2-135M-Instruct: chat requests of mixed
+    lengths, greedy, each stopping at its end-of-turn token or max_tokens."""
+    from ..pretrained_models import pretrained
+    from .chats import chat_requests
+
+    device = device or default_device()
+    model, tok = pretrained("smollm2-135m-instruct", dtype=dtype, device=device)
+    prompts = [tok.apply_chat_template([{"role": "user", "content": m}]) for m in chat_requests(num_requests)]
+    low, high = max_tokens
+    output_lens = [low + (i * 37) % (high - low + 1) for i in range(num_requests)]
+    hf = to_hf_model(model)
+    hf_generate(hf, prompts[:2], [2, 2], eos_token_id=tok.eos_token_id)           # warm-up
+    hf_tokens, hf_s = hf_generate(hf, prompts, output_lens, eos_token_id=tok.eos_token_id)
+    engine = LLMEngine(model, SchedulerConfig(policy="chunked", chunk_size=512, max_num_seqs=64),
+                       tokenizer=tok)
+    engine.generate(prompts[:1], SamplingParams(max_tokens=2))                       # warm-up
+    t0 = time.perf_counter()
+    outs = engine.generate(prompts, [SamplingParams(max_tokens=n) for n in output_lens])
+    ours_s = time.perf_counter() - t0
+    useful = sum(len(o.output_token_ids) for o in outs)
+    same = [o.text == tok.decode(h) and o.output_token_ids == h for o, h in zip(outs, hf_tokens)]
+    return {
+        "device": str(device), "model": "smollm2-135m-instruct", "dtype": str(dtype).replace("torch.", ""),
+        "num_requests": num_requests, "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts))],
+        "useful_tokens": useful, "minillm_s": ours_s, "hf_s": hf_s,
+        "minillm_tok_s": useful / ours_s, "hf_tok_s": useful / hf_s, "speedup": hf_s / ours_s,
+        "identical_requests": sum(same), "example": {"prompt": chat_requests(1)[0], "answer": outs[0].text},
+        "first_mismatch": _first_mismatch(model, prompts, outs, hf_tokens),
+    }
+
+
 def _first_mismatch(model, prompts, outs, hf_tokens):
     """Where the first differing request diverges, and how close the two
     candidate logits were there (float32 ties flip with reduction order)."""
@@ -294,7 +336,8 @@ def _first_mismatch(model, prompts, outs, hf_tokens):
 
     for i, (o, h) in enumerate(zip(outs, hf_tokens)):
         if o.output_token_ids != h:
-            k = next(j for j, (a, b) in enumerate(zip(o.output_token_ids, h)) if a != b)
+            k = next((j for j, (a, b) in enumerate(zip(o.output_token_ids, h)) if a != b),
+                     min(len(o.output_token_ids), len(h)) - 1)   # one stopped earlier
             _, logits = prefill_kv(model, prompts[i] + o.output_token_ids[:k])
             last = logits[-1]
             gap = float(last[o.output_token_ids[k]] - last[h[k]])
@@ -344,8 +387,8 @@ def main(argv: list[str]) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m minillm bench")
-    parser.add_argument("which", choices=["chunk-cost", "interference", "hf", "simulator", "memory", "lab",
-                                          "capacity", "prefix-cache", "partial-prefills", "all"],
+    parser.add_argument("which", choices=["chunk-cost", "interference", "hf", "hf-real", "simulator", "memory",
+                                          "lab", "capacity", "prefix-cache", "partial-prefills", "all"],
                         nargs="?", default="all")
     parser.add_argument("--out", default="bench-results", help="folder for the JSON results and figures")
     parser.add_argument("--shape", choices=sorted(BENCH_SHAPES) + ["all"], default="tiny",
@@ -363,6 +406,17 @@ def main(argv: list[str]) -> int:
     results = {}
     for shape in shapes:
         results[shape] = _run_shape(args, shape, out)
+    if args.which in ("hf-real", "all"):
+        r = bench_hf_real()
+        results["hf_real"] = r
+        print(f"\nA real model, {r['model']} ({r['dtype']}), vs transformers.generate on {r['device']}: "
+              f"{r['num_requests']} chat requests (prompts of {r['prompt_tokens'][0]}-{r['prompt_tokens'][1]} "
+              f"tokens), {r['useful_tokens']} useful output tokens")
+        print(f"minillm {r['minillm_tok_s']:.1f} tok/s ({r['minillm_s']:.2f} s), "
+              f"transformers {r['hf_tok_s']:.1f} tok/s ({r['hf_s']:.2f} s): {r['speedup']:.2f}x; "
+              f"identical text for {r['identical_requests']}/{r['num_requests']} requests"
+              + (f"; first difference {r['first_mismatch']}" if r["first_mismatch"] else ""))
+        print(f"e.g. {r['example']['prompt']!r} -> {r['example']['answer']!r}")
     if args.which in ("simulator", "all"):
         from . import fidelity
         r = fidelity.run_cpu_fidelity()

