@@ -21,7 +21,8 @@ from .detokenizer import IncrementalDetokenizer
 from .device import available_ram_bytes, synchronize
 from .kv_cache import BlockManager, blocks_for
 from .model import LlamaModel
-from .model_runner import ModelRunner, StepChunk, check_prompt
+from .model_runner import ModelRunner, StepChunk
+from .prefill import check_prompt
 from .prefix_cache import make_block_manager
 from .request import Request, RequestOutput, RequestStatus, SamplingParams
 from .sampler import make_generator, sample_token

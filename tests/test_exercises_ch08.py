@@ -24,7 +24,7 @@ def test_solutions_pass_on_other_seeds(solution):
         ch08.check_chain_hashes(solution.chain_hashes, seed=seed)
         ch08.check_tokens_to_compute(solution.tokens_to_compute, seed=seed)
         ch08.check_plan_prefill_step(solution.plan_prefill_step, seed=seed)
-        ch08.check_goodput(solution.goodput, seed=seed)
+        ch08.check_goodput_rate(solution.goodput, seed=seed)
 
 
 def unchained(tokens, block_size):
@@ -45,7 +45,7 @@ def fcfs_without_cap(lens, chunk_size, threshold):
     (ch08.check_tokens_to_compute, lambda p, c, bs: p - c * bs),                      # forgets the last token
     (ch08.check_tokens_to_compute, lambda p, c, bs: p - min(c * bs, prefix_cache.max_cached_tokens(p, bs))),
     (ch08.check_plan_prefill_step, fcfs_without_cap),
-    (ch08.check_goodput, lambda d, t: max([r for r, a in d.items() if a >= t], default=0.0)),
+    (ch08.check_goodput_rate, lambda d, t: max([r for r, a in d.items() if a >= t], default=0.0)),
 ])
 def test_shortcuts_fail(checker, shortcut):
     with pytest.raises(AssertionError):

@@ -8,7 +8,7 @@ import torch
 
 import minillm
 from minillm import gguf_loader
-from minillm.model_runner import prefill_kv
+from minillm.prefill import prefill_kv
 
 gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as Q  # noqa: E402

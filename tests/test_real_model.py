@@ -9,7 +9,7 @@ import torch
 import minillm
 from minillm import pretrained_models as pretrained_module
 from minillm.gguf_loader import _reader_class
-from minillm.model_runner import prefill_kv
+from minillm.prefill import prefill_kv
 
 NAME = "smollm2-135m-instruct"
 CHATS = ["What is the capital of France?",

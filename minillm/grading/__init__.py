@@ -67,6 +67,8 @@ for _info in pkgutil.iter_modules(__path__):
     for _name in getattr(_module, "__all__", ()):
         if not _name.startswith("check_"):
             raise ImportError(f"{_module.__name__}.__all__ lists {_name!r}: only check_* functions are exported")
+        if _name in __all__:      # one flat namespace: a second chapter's checker would shadow the first's
+            raise ImportError(f"{_module.__name__}.{_name}: another chapter already exports a checker of that name")
         globals()[_name] = getattr(_module, _name)
         __all__.append(_name)
 for _leftover in ("_info", "_module", "_name"):

@@ -15,7 +15,7 @@ import torch
 from ..attention import causal_mask
 from ..config import ModelConfig
 from ..loader import build_model
-from ..model_runner import prefill_kv
+from ..prefill import prefill_kv
 from ._common import fail as _fail, learner_call, passed, forbid, record_forward
 from .ch01 import mask_mistake
 

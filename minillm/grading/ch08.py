@@ -16,7 +16,7 @@ from ..request import Request, SamplingParams
 from ..scheduler import Scheduler, SchedulerConfig
 from ..sim.disaggregation import highest_rate_meeting
 
-__all__ = ["check_chain_hashes", "check_tokens_to_compute", "check_plan_prefill_step", "check_goodput"]
+__all__ = ["check_chain_hashes", "check_tokens_to_compute", "check_plan_prefill_step", "check_goodput_rate"]
 
 
 def _fail(message: str):
@@ -134,7 +134,7 @@ def check_plan_prefill_step(plan_prefill_step, num_cases: int = 300, seed: int |
 # ---------------------------------------------------------------------------
 # 4. DistServe's goodput
 # ---------------------------------------------------------------------------
-def check_goodput(goodput, num_cases: int = 300, seed: int | None = None):
+def check_goodput_rate(goodput, num_cases: int = 300, seed: int | None = None):
     """goodput(attainment_by_rate, target) -> the highest rate before attainment first drops below target."""
     rng = random.Random(seed)
     for _ in range(num_cases):

@@ -68,7 +68,7 @@ def measure_step_times(model, shapes, repeats: int = 5, seed: int = 0, progress:
     from tqdm.auto import tqdm
 
     from ..device import synchronize
-    from ..model_runner import prepare_step
+    from ..prefill import prepare_step
 
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats={repeats!r}: must be a positive integer")

@@ -99,4 +99,4 @@ def goodput(attainment_by_rate, target):
 
 
 # %%
-ex.check_goodput(goodput)
+ex.check_goodput_rate(goodput)
