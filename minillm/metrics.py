@@ -11,7 +11,7 @@ max ITL, and with enough streams it is the p99 ITL. Report both.
 from __future__ import annotations
 
 import math
-from numbers import Real
+from .validation import check_real
 
 
 def distribution(values) -> dict[str, float]:
@@ -53,8 +53,7 @@ def check_slo_ms(slo_ms) -> dict[str, float]:
     for key, value in slo_ms.items():
         if key not in SLO_KEYS:
             raise ValueError(f"slo_ms key {key!r}: choose from {SLO_KEYS}")
-        if isinstance(value, bool) or not isinstance(value, Real) or not value > 0 or value == math.inf:
-            raise ValueError(f"slo_ms[{key!r}]={value!r}: must be a positive, finite number of milliseconds")
+        check_real(f"slo_ms[{key!r}]", value, 0, exclusive_minimum=True, hint="milliseconds")
     return {key: float(value) for key, value in slo_ms.items()}
 
 

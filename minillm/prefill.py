@@ -9,12 +9,11 @@ argument checks of the public entry points.
 """
 from __future__ import annotations
 
-from numbers import Integral
-
 import torch
 
 from .kv_cache import BlockManager, PagedKVCache, blocks_for
 from .model_runner import ModelRunner, StepChunk
+from .validation import check_int, is_int
 
 
 # ---------------------------------------------------------------------------
@@ -29,7 +28,7 @@ def check_prompt(model, token_ids, arg: str = "token_ids") -> list[int]:
         raise TypeError(f"{arg} must be a list of token ids, got {type(token_ids).__name__}") from None
     if not token_ids:
         raise ValueError(f"{arg}=[]: the prompt is empty; give at least one token id")
-    if not all(isinstance(t, Integral) and not isinstance(t, bool) for t in token_ids):
+    if not all(is_int(t) for t in token_ids):
         raise TypeError(f"{arg} must contain integers only")
     vocab = model.cfg.vocab_size
     bad = next((t for t in token_ids if not 0 <= t < vocab), None)
@@ -44,12 +43,7 @@ def check_prompt(model, token_ids, arg: str = "token_ids") -> list[int]:
 def check_chunk_size(chunk_size, arg: str = "chunk_size"):
     if chunk_size is None:
         return None
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, Integral):
-        raise ValueError(f"{arg}={chunk_size!r}: must be a positive integer number of tokens "
-                         "(or None for no chunking)")
-    if chunk_size < 1:
-        raise ValueError(f"{arg}={chunk_size}: must be a positive number of tokens (try 256 or 512)")
-    return int(chunk_size)
+    return check_int(arg, chunk_size, 1, hint="256 or 512; None for no chunking")
 
 
 # ---------------------------------------------------------------------------

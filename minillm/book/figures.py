@@ -8,7 +8,7 @@ them here. The lab's names that used to live here resolve through lab.py.
 """
 from __future__ import annotations
 
-from numbers import Real
+from ..validation import check_choice, check_real
 
 import matplotlib.pyplot as plt
 import matplotlib.ticker
@@ -29,11 +29,6 @@ def _new_axes(ax=None, figsize=(7.0, 3.2)):
     return fig, ax
 
 
-def _check_choice(name, value, allowed):
-    if value not in allowed:
-        raise ValueError(f"{name}={value!r}: choose one of {tuple(allowed)}")
-
-
 # ---------------------------------------------------------------------------
 # One run: the steps and the token gaps
 # ---------------------------------------------------------------------------
@@ -46,7 +41,7 @@ def plot_step_timeline(trace, ax=None, title=None, x: str = "step"):
     Drawn as two filled staircases (ax.stairs), one artist each: fast to
     redraw in the lab, whatever the number of steps.
     """
-    _check_choice("x", x, ("step", "time"))
+    check_choice("x", x, ("step", "time"))
     trace = list(trace)
     fig, ax = _new_axes(ax)
     decode, prefill, edges = [], [], []
@@ -154,8 +149,7 @@ def plot_chunk_sweep(rows, current=None, ax=None, itl_slo_ms=None, title=None):
 def pick_chunk_size(rows, itl_slo_ms: float):
     """Among sweep rows whose worst decoder gap (itl_max_s) is <= itl_slo_ms, the
     chunk_size with the lowest long-prompt TTFT (ties: the smaller chunk); None if none."""
-    if not (isinstance(itl_slo_ms, Real) and itl_slo_ms > 0):
-        raise ValueError(f"itl_slo_ms={itl_slo_ms!r}: must be a positive number of milliseconds")
+    check_real("itl_slo_ms", itl_slo_ms, 0, exclusive_minimum=True, hint="50 milliseconds")
     meeting = [r for r in rows if r["itl_max_s"] * 1e3 <= itl_slo_ms]
     if not meeting:
         return None

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from numbers import Integral, Real
+from ..validation import check_choice, check_int, check_real
 
 import matplotlib.pyplot as plt
 
@@ -46,11 +46,6 @@ CAPACITY_CHUNKS = (64, 512, 4096)
 LAB_RATES = tuple(2.0 ** k for k in range(-2, 7))           # 0.25 .. 64 req/s, doubling
 
 
-def _check_positive(name, value, unit):
-    if isinstance(value, bool) or not isinstance(value, Real) or not 0 < value < math.inf:
-        raise ValueError(f"{name}={value!r}: must be a positive number of {unit}")
-
-
 @dataclass(frozen=True)
 class LabSettings:
     """What the lab's controls set. chunk_size: tokens, or "off" (prefill_first)."""
@@ -68,22 +63,16 @@ class LabSettings:
 
     def check(self) -> "LabSettings":
         """Raise ValueError naming the first bad setting; return self."""
-        c = self.chunk_size
-        if c != OFF and (isinstance(c, bool) or not isinstance(c, Integral) or c < 1):
-            raise ValueError(f"chunk_size={c!r}: must be a positive number of tokens "
-                             f"(e.g. 512) or {OFF!r} for no chunking")
-        if isinstance(self.num_decoders, bool) or not isinstance(self.num_decoders, Integral) \
-                or self.num_decoders < 1:
-            raise ValueError(f"num_decoders={self.num_decoders!r}: must be an integer >= 1")
-        if isinstance(self.prompt_len, bool) or not isinstance(self.prompt_len, Integral) \
-                or self.prompt_len < 1:
-            raise ValueError(f"prompt_len={self.prompt_len!r}: must be a positive number of tokens")
-        figures._check_choice("mode", self.mode, MODES)
-        figures._check_choice("workload", self.workload, WORKLOADS)
-        figures._check_choice("policy", self.policy, LAB_POLICIES)
-        _check_positive("itl_slo_ms", self.itl_slo_ms, "milliseconds")
-        _check_positive("ttft_slo_ms", self.ttft_slo_ms, "milliseconds")
-        _check_positive("rate_per_s", self.rate_per_s, "requests per second (try 4)")
+        if self.chunk_size != OFF:
+            check_int("chunk_size", self.chunk_size, 1, hint=f"512 tokens, or {OFF!r} for no chunking")
+        check_int("num_decoders", self.num_decoders, 1)
+        check_int("prompt_len", self.prompt_len, 1, hint="2048 tokens")
+        check_choice("mode", self.mode, MODES)
+        check_choice("workload", self.workload, WORKLOADS)
+        check_choice("policy", self.policy, LAB_POLICIES)
+        check_real("itl_slo_ms", self.itl_slo_ms, 0, exclusive_minimum=True, hint="milliseconds")
+        check_real("ttft_slo_ms", self.ttft_slo_ms, 0, exclusive_minimum=True, hint="milliseconds")
+        check_real("rate_per_s", self.rate_per_s, 0, exclusive_minimum=True, hint="4 requests per second")
         if self.mode == "simulate":
             cfg = resolve_model(self.model)
             hw = resolve_hardware(self.hardware)

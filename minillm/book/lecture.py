@@ -7,7 +7,7 @@
 """
 from __future__ import annotations
 
-from numbers import Integral
+from ..validation import check_int
 
 import matplotlib.pyplot as plt
 import torch
@@ -24,11 +24,7 @@ WARMUP_TOKENS = 4          # each stream's tokens before the long prompt arrives
 
 
 def _check_positive(name: str, value, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < 1 \
-            or (maximum is not None and value > maximum):
-        allowed = f"an integer from 1 to {maximum}" if maximum else "a positive integer"
-        raise ValueError(f"{name}={value!r}: must be {allowed}")
-    return int(value)
+    return check_int(name, value, 1, maximum)
 
 
 def stall_demo(prompt_len: int = 1024, num_decoders: int = 4, chunk_size: int = 256,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from numbers import Real
+from ..validation import check_real
 
 from ..scheduler import SchedulerConfig
 from .simulator import resolve_hardware, resolve_model, simulate
@@ -34,9 +34,7 @@ class CapacitySLO:
     def __post_init__(self):
         for name in ("itl_p99_ms", "ttft_p50_ms"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, Real)
-                                      or not 0 < value < math.inf):
-                raise ValueError(f"{name}={value!r}: must be a positive number of milliseconds or None")
+            check_real(name, value, 0, exclusive_minimum=True, allow_none=True, hint="milliseconds, or None")
 
     def met_by(self, point: dict) -> bool:
         """point: a load_point row."""

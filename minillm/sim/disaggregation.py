@@ -21,8 +21,8 @@ later token, so the KV transfer and any wait for a decode slot show in it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from numbers import Integral, Real
 
+from ..validation import check_int, check_real
 from ..engine import EngineCore, VirtualClock
 from ..metrics import summarize
 from ..prefix_cache import make_block_manager
@@ -54,12 +54,6 @@ class ServingRun:
         return out
 
 
-def _check_count(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
-        raise ValueError(f"{name}={value!r}: must be an integer >= {minimum}")
-    return int(value)
-
-
 def _split(workload: Workload, num_replicas: int) -> list[list[int]]:
     """Round robin in arrival order: request indices per replica."""
     order = sorted(range(len(workload.requests)), key=lambda i: workload.requests[i].arrival_time)
@@ -77,7 +71,7 @@ def _sub_workload(workload: Workload, indices: list[int], **changes) -> Workload
 def simulate_aggregated(workload: Workload, num_gpus: int, sched: SchedulerConfig | None = None,
                         model="llama-3-8b", hardware="A100-80GB", dtype_bytes: int = 2) -> ServingRun:
     """num_gpus replicas, each serving its share with the chunked scheduler."""
-    num_gpus = _check_count("num_gpus", num_gpus)
+    num_gpus = check_int("num_gpus", num_gpus, 1)
     sched = sched if sched is not None else SchedulerConfig(policy="chunked", chunk_size=512)
     outputs: list[RequestOutput | None] = [None] * len(workload.requests)
     for indices in _split(workload, num_gpus):
@@ -101,12 +95,11 @@ def simulate_disaggregated(workload: Workload, num_prefill: int, num_decode: int
                            dtype_bytes: int = 2) -> ServingRun:
     """num_prefill prompt-only replicas hand each request's KV to one of num_decode
     decode-only replicas, over interconnect_bytes_s bytes/s."""
-    num_prefill = _check_count("num_prefill", num_prefill)
-    num_decode = _check_count("num_decode", num_decode)
-    if isinstance(interconnect_bytes_s, bool) or not isinstance(interconnect_bytes_s, Real) \
-            or not interconnect_bytes_s > 0:
-        raise ValueError(f"interconnect_bytes_s={interconnect_bytes_s!r}: must be a positive number of "
-                         f"bytes per second (e.g. {DEFAULT_INTERCONNECT_BYTES_S:.0e} for a 200 Gb/s link)")
+    num_prefill = check_int("num_prefill", num_prefill, 1)
+    num_decode = check_int("num_decode", num_decode, 1)
+    interconnect_bytes_s = check_real("interconnect_bytes_s", interconnect_bytes_s, 0, exclusive_minimum=True,
+                                      hint=f"bytes per second, e.g. {DEFAULT_INTERCONNECT_BYTES_S:.0e} for a "
+                                           "200 Gb/s link")
     cfg, hw = resolve_model(model), resolve_hardware(hardware)
     # 1. Prefill replicas: every request stops at its first token.
     first_token: dict[int, RequestOutput] = {}

@@ -21,6 +21,12 @@ from minillm.prefix_cache import ROOT_HASH, hash_block
 # Return the hashes of the full blocks of `token_ids`, in order: the first block's parent is
 # `ROOT_HASH`, every later block's parent is the hash of the block before it, and a partial
 # last block gets no hash (it can still change).
+#
+# <details><summary>Hint</summary>
+#
+# Loop over the starts of the full blocks only (`len(token_ids) // block_size * block_size`) and feed each hash in as the next block's parent.
+#
+# </details>
 
 # %%
 def chain_hashes(token_ids, block_size):
@@ -34,7 +40,7 @@ def chain_hashes(token_ids, block_size):
 
 
 # %%
-ex.check_chain_hashes(chain_hashes)
+ex.check_chain_hashes(chain_hashes)  # points: 2
 
 # %% [markdown]
 # ## 2. What a cached prompt still computes
@@ -43,6 +49,12 @@ ex.check_chain_hashes(chain_hashes)
 # How many of the prompt's tokens does the engine compute when the prompt arrives? A hit
 # covers whole blocks, and never the last prompt token (its logits give the first output
 # token): think of a prompt whose every block is cached.
+#
+# <details><summary>Hint</summary>
+#
+# The most a hit can cover is the full blocks of the first `prompt_len - 1` tokens: `(prompt_len - 1) // block_size * block_size`.
+#
+# </details>
 
 # %%
 def tokens_to_compute(prompt_len, cached_blocks, block_size):
@@ -53,7 +65,7 @@ def tokens_to_compute(prompt_len, cached_blocks, block_size):
 
 
 # %%
-ex.check_tokens_to_compute(tokens_to_compute)
+ex.check_tokens_to_compute(tokens_to_compute)  # points: 1
 
 # %% [markdown]
 # ## 3. One step under `long_prefill_token_threshold`
@@ -62,6 +74,12 @@ ex.check_tokens_to_compute(tokens_to_compute)
 # chunked policy with `chunk_size` prefill tokens per step and vLLM V1's cap
 # `long_prefill_token_threshold = threshold` (0: no cap), return how many tokens each
 # prompt gets in the first step (0 for those that get none).
+#
+# <details><summary>Hint</summary>
+#
+# Walk the prompts in order with the step's tokens left: each takes `min(its length, what is left, threshold)` (no threshold term when it is 0).
+#
+# </details>
 
 # %%
 def plan_prefill_step(prompt_lens, chunk_size, threshold):
@@ -76,7 +94,7 @@ def plan_prefill_step(prompt_lens, chunk_size, threshold):
 
 
 # %%
-ex.check_plan_prefill_step(plan_prefill_step)
+ex.check_plan_prefill_step(plan_prefill_step)  # points: 3
 
 # %% [markdown]
 # ## 4. DistServe's goodput
@@ -85,6 +103,12 @@ ex.check_plan_prefill_step(plan_prefill_step)
 # both SLOs at that rate, in any order. Return the highest rate whose attainment is at
 # least `target`, scanning rates upward and stopping at the first that misses it (0.0 if
 # the lowest already misses).
+#
+# <details><summary>Hint</summary>
+#
+# `sorted(attainment_by_rate)` gives the rates upward; `break` at the first whose attainment is below `target`.
+#
+# </details>
 
 # %%
 def goodput(attainment_by_rate, target):
@@ -99,4 +123,4 @@ def goodput(attainment_by_rate, target):
 
 
 # %%
-ex.check_goodput_rate(goodput)
+ex.check_goodput_rate(goodput)  # points: 2
