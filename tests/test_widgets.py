@@ -51,3 +51,24 @@ def test_lab_started_with_bad_settings_says_why_and_shows_the_defaults():
     box = widgets.lab(hardware="B200")
     assert "hardware" in box.children[1].value
     plt.close("all")
+
+
+def test_measure_mode_offers_the_real_model_and_counts_its_steps(monkeypatch):
+    from minillm.book import lab
+    monkeypatch.setattr(lab.LAB, "measured", {})              # nothing measured yet: progress shows
+    view = widgets.LabView(num_decoders=1, prompt_len=128, chunk_size=64)
+    choice = view.controls["measure_model"]
+    assert [value for _, value in choice.options] == list(lab.MEASURE_MODELS)
+    assert choice.value == "tiny" and choice.disabled          # meaningless while simulating
+    lines = []
+    view.progress.observe(lambda change: lines.append(change["new"]), names="value")
+    view.controls["mode"].value = "measure"
+    assert not choice.disabled and "tiny model" in view.figure._suptitle.get_text()
+    assert any("measuring tiny model" in line and "step" in line for line in lines)
+    monkeypatch.undo()              # the lab's own cache: test_lab may have measured this setting
+    choice.value = "smollm2-135m-instruct"                     # else a few seconds on 2 cores
+    assert view.settings.measure_model == "smollm2-135m-instruct"
+    assert "SmolLM2-135M-Instruct" in view.figure._suptitle.get_text() and view.progress.value == ""
+    view.controls["mode"].value = "simulate"
+    assert choice.disabled
+    plt.close("all")

@@ -3,7 +3,8 @@
 Two kinds of experiment share one set of controls:
 
 * "interference": the book's scenario, a few streams decoding when one long
-  prompt arrives (simulated, or measured on this device with the tiny model);
+  prompt arrives (simulated, or measured on this device with the built-in tiny
+  model or the real SmolLM2-135M-Instruct: LabSettings.measure_model);
 * steady traffic ("fixed", "uniform", "chat", "long_prompt": workloads.LENGTH_MIXES):
   requests arriving at rate_per_s, where the TTFT/TPOT trade-off of the chunk
   size shows, and capacity.capacity finds the highest rate meeting the SLOs,
@@ -16,6 +17,7 @@ The figures module draws; widgets.py only wires controls to `LabView`.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 from ..validation import check_choice, check_int, check_real
@@ -31,6 +33,12 @@ from ..sim.workloads import LENGTH_MIXES, Workload, long_prompt_interference
 CHUNK_SIZES = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 OFF = "off"                  # no chunking: the prefill_first policy
 MODES = ("simulate", "measure")
+# What "measure" can run on this device: the built-in random-weight model (fast)
+# or the real one of pretrained_models.py (30 layers: tens of seconds on a CPU).
+MEASURE_MODELS = {"tiny": "tiny model", "smollm2-135m-instruct": "SmolLM2-135M-Instruct"}
+# Their context lengths (TINY.max_position; SmolLM2's GGUF says 8192), known
+# without loading a model, so a setting is refused before any work.
+MEASURE_MAX_POSITION = {"tiny": 4096, "smollm2-135m-instruct": 8192}
 WORKLOADS = ("interference",) + tuple(LENGTH_MIXES)
 # The policies real engines run by default (see scheduler.py): the chunk size
 # applies to the first two; the others do not chunk.
@@ -54,7 +62,8 @@ class LabSettings:
     prompt_len: int = 2048           # interference: the long prompt
     model: str = "llama-3-8b"
     hardware: str = "A100-80GB"
-    mode: str = "simulate"           # or "measure": the real tiny engine on this device
+    mode: str = "simulate"           # or "measure": the real engine on this device
+    measure_model: str = "tiny"      # measure: one of MEASURE_MODELS
     itl_slo_ms: float = 50.0         # interference: every gap; under load: the P99 gap
     workload: str = "interference"   # or a steady-traffic length mix
     rate_per_s: float = 4.0          # under load: requests per second
@@ -68,6 +77,8 @@ class LabSettings:
         check_int("num_decoders", self.num_decoders, 1)
         check_int("prompt_len", self.prompt_len, 1, hint="2048 tokens")
         check_choice("mode", self.mode, MODES)
+        check_choice("measure_model", self.measure_model, tuple(MEASURE_MODELS),
+                     hint="'tiny' (random weights, fast) or 'smollm2-135m-instruct' (real, slower)")
         check_choice("workload", self.workload, WORKLOADS)
         check_choice("policy", self.policy, LAB_POLICIES)
         check_real("itl_slo_ms", self.itl_slo_ms, 0, exclusive_minimum=True, hint="milliseconds")
@@ -89,8 +100,9 @@ class LabSettings:
             raise ValueError(f"mode='measure' with workload={self.workload!r}: measuring runs the "
                              "interference scenario only (simulate the load, or pick hardware 'cpu' "
                              "to simulate this machine)")
-        elif self.prompt_len >= 4096:
-            raise ValueError(f"prompt_len={self.prompt_len}: the built-in model accepts at most 4095")
+        elif self.prompt_len >= MEASURE_MAX_POSITION[self.measure_model]:
+            raise ValueError(f"prompt_len={self.prompt_len}: {MEASURE_MODELS[self.measure_model]} accepts "
+                             f"at most {MEASURE_MAX_POSITION[self.measure_model] - 1} prompt tokens")
         return self
 
     @property
@@ -119,7 +131,8 @@ class LabRun:
     outputs: list
     trace: list
     summary: dict
-    device: str                      # what produced it: "A100-80GB (simulated)", "cpu (measured)"
+    device: str                      # what produced it: "A100-80GB (simulated)",
+                                     # "cpu (measured, SmolLM2-135M-Instruct)"
 
 
 def _as_settings(settings=None, **overrides) -> LabSettings:
@@ -148,7 +161,7 @@ def _summary_row(summary: dict) -> dict:
 class LabState:
     """Every cache of the lab: interference runs (simulated and measured), load
     points (capacity.load_point rows, keyed by configuration and rate) and the
-    tiny model the measured runs use."""
+    models the measured runs use, one per (name, device)."""
 
     def __init__(self):
         self.simulated: dict[LabSettings, LabRun] = {}
@@ -161,13 +174,21 @@ class LabState:
         self.measured.clear()
         self.load_points.clear()
 
-    def tiny_model(self, device: str):
-        if device not in self._models:
+    def model(self, name: str, device: str):
+        """The model `name` (a MEASURE_MODELS key) on `device`, loaded once. A missing
+        weights package raises pretrained()'s ValueError, which says how to install it."""
+        check_choice("measure_model", name, tuple(MEASURE_MODELS))
+        if (name, device) not in self._models:
             import torch
 
-            from ..loader import build_model
-            self._models[device] = build_model("tiny", seed=0, dtype=torch.float32, device=device)
-        return self._models[device]
+            if name == "tiny":
+                from ..loader import build_model
+                model = build_model("tiny", seed=0, dtype=torch.float32, device=device)
+            else:
+                from ..pretrained_models import pretrained
+                model, _tokenizer = pretrained(name, dtype=torch.float32, device=device)
+            self._models[(name, device)] = model
+        return self._models[(name, device)]
 
 
 LAB = LabState()
@@ -185,38 +206,71 @@ def _simulated_run(settings: LabSettings) -> LabRun:
 
 
 def _measure_key(settings: LabSettings) -> LabSettings:
-    return replace(settings, model="tiny", hardware="this device", itl_slo_ms=1.0, ttft_slo_ms=1.0,
-                   rate_per_s=1.0, policy="chunked")
+    # keyed by the measured model: model= names it, the simulate-only fields are blanked
+    return replace(settings, model=settings.measure_model, hardware="this device", itl_slo_ms=1.0,
+                   ttft_slo_ms=1.0, rate_per_s=1.0, policy="chunked")
 
 
-def _measured_run(settings: LabSettings, progress: bool = False) -> LabRun:
-    """The real engine with the built-in tiny model on this device (memoized per settings)."""
+def is_measured(settings=None, **overrides) -> bool:
+    """True if this measure-mode setting's run is already cached (lab_run returns at once)."""
+    settings = _as_settings(settings, **overrides)
+    return settings.mode == "measure" and _measure_key(settings) in LAB.measured
+
+
+@functools.cache
+def _reporting_engine_class():
+    from ..engine import LLMEngine   # imported when first measuring: the lab's import stays light
+
+    class ReportingEngine(LLMEngine):
+        """LLMEngine calling on_step(steps done) after each step (the lab's progress line)."""
+        on_step = None
+
+        def _record(self, record) -> None:
+            super()._record(record)
+            if self.on_step is not None:
+                self.on_step(len(self.trace))       # the whole trace is kept: it counts the steps
+
+    return ReportingEngine
+
+
+def _measured_run(settings: LabSettings, progress: bool = False, on_step=None) -> LabRun:
+    """The real engine with settings.measure_model on this device (memoized per settings).
+    on_step(steps_done, steps_total): called before the first step and after each."""
     key = _measure_key(settings)
     if key not in LAB.measured:
         from ..device import default_device
-        from ..engine import LLMEngine
-        from ..sim.simulator import SimResult
+        from ..sim.simulator import SimResult, simulate
         device = default_device()
-        model = LAB.tiny_model(str(device))
+        model = LAB.model(settings.measure_model, str(device))
         sched = settings.sched()
         workload = settings.workload_spec()
         num_blocks = sum(-(-(r.prompt_len + r.max_tokens) // 16) for r in workload.requests)
-        engine = LLMEngine(model, sched, block_size=16, num_blocks=num_blocks)
+        engine = _reporting_engine_class()(model, sched, block_size=16, num_blocks=num_blocks)
+        if on_step is not None:
+            # The simulator runs the same scheduler on the same workload, so it
+            # takes the same steps (section 1 checks it): the progress total, in
+            # milliseconds, before the first slow step.
+            total = len(simulate(workload, sched, model=model.cfg, num_blocks=num_blocks).trace)
+            on_step(0, total)
+            engine.on_step = lambda steps_done: on_step(steps_done, max(total, steps_done))
         outputs = engine.run_workload(workload, progress=progress)
         summary = SimResult(outputs, engine.trace, model.cfg, None, sched, workload).summary()
-        LAB.measured[key] = LabRun(key, outputs, engine.trace, summary, f"{device.type} (measured, tiny model)")
+        LAB.measured[key] = LabRun(key, outputs, engine.trace, summary,
+                                   f"{device.type} (measured, {MEASURE_MODELS[settings.measure_model]})")
     return LAB.measured[key]
 
 
-def lab_run(settings=None, progress: bool = False, **overrides) -> LabRun:
-    """Run the settings' interference scenario: simulated (cached) or measured on this device."""
+def lab_run(settings=None, progress: bool = False, on_step=None, **overrides) -> LabRun:
+    """Run the settings' interference scenario: simulated (cached) or measured on this device.
+    Measured: progress=True shows a progress bar of finished requests; on_step(steps_done,
+    steps_total) is called as the run goes (the lab's progress line)."""
     settings = _as_settings(settings, **overrides)
     if settings.under_load:
         raise ValueError(f"workload={settings.workload!r}: lab_run runs the interference scenario; "
                          "under load use load_sweep / capacity_rows")
     if settings.mode == "simulate":
         return _simulated_run(settings)
-    return _measured_run(settings, progress=progress)
+    return _measured_run(settings, progress=progress, on_step=on_step)
 
 
 def _load_point(settings: LabSettings, sched: SchedulerConfig, rate: float) -> dict:
@@ -316,8 +370,7 @@ def lab_figure(settings=None, progress: bool = False, fig=None, **overrides):
     The verdict is the title."""
     settings = _as_settings(settings, **overrides)
     verdict = lab_verdict(settings) if settings.mode == "simulate" or not settings.under_load else ""
-    model = "tiny" if settings.mode == "measure" else (
-        settings.model if isinstance(settings.model, str) else settings.model.name)
+    model = settings.model if isinstance(settings.model, str) else settings.model.name
     if settings.under_load:
         rows = chunk_sweep(settings)
         caps = capacity_rows(settings)
@@ -327,13 +380,14 @@ def lab_figure(settings=None, progress: bool = False, fig=None, **overrides):
             title=f"{model} on {settings.hardware}, {settings.workload} traffic: {verdict}", fig=fig,
             policy_labels=POLICY_LABELS)
     run = lab_run(settings, progress=progress)
+    where = run.device if settings.mode == "measure" else f"{model} on {run.device}"   # device names the model
     long = next(o for o in run.outputs if o.tag == "long")
     return figures.plot_interference_lab(
         run.trace, run.outputs, chunk_sweep(settings), current_chunk=settings.chunk_size,
         itl_slo_ms=settings.itl_slo_ms, probe=(long.metrics.arrival_time, long.metrics.first_token_time),
         num_streams=settings.num_decoders, stream_tag="decoder",
         worst_gap_s=run.summary["decoder_itl_max_s"],
-        title=f"{model} on {run.device}: {verdict}", fig=fig)
+        title=f"{where}: {verdict}", fig=fig)
 
 
 def plot_stall(settings=None, chunk_size=512, **overrides):
@@ -343,10 +397,11 @@ def plot_stall(settings=None, chunk_size=512, **overrides):
     runs = [(("no chunking" if chunk == OFF else f"chunk {chunk}"), lab_run(replace(settings, chunk_size=chunk)))
             for chunk in (OFF, chunk_size)]
     name = settings.model if isinstance(settings.model, str) else settings.model.name
+    where = runs[0][1].device if settings.mode == "measure" else f"{name} on {settings.hardware}"
     return figures.plot_stall_pair(
         [(what, run.trace, run.outputs, run.summary) for what, run in runs], stream_tag="decoder",
         probe_tag="long",
-        title=f"{name} on {settings.hardware}: a {settings.prompt_len}-token prompt stalls "
+        title=f"{where}: a {settings.prompt_len}-token prompt stalls "
               f"{settings.num_decoders} streams; chunks of {chunk_size} cap the stall")
 
 

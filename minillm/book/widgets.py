@@ -6,11 +6,15 @@ cached), then redraws the lab's ONE figure in place (lab.lab_figure(fig=...))
 and renders it into an Image widget: no new figure, no new output area. A
 bad setting becomes a readable line in the lab, not a traceback (ipywidgets
 would swallow the traceback anyway: the tests call the same LabView).
+A measured run not seen before (seconds with the tiny model, tens of seconds
+with the real one on a CPU) writes its step count to the progress line as it
+goes.
 """
 from __future__ import annotations
 
 import html
 import io
+import time
 
 from . import lab as lab_state
 from ..sim.hardware import PROFILES
@@ -20,7 +24,10 @@ __all__ = ["lab", "lab_controls", "LabView", "verdict_html"]
 CHUNK_OPTIONS = [(str(c), c) for c in lab_state.CHUNK_SIZES] + [("off (prefill_first)", lab_state.OFF)]
 MODEL_OPTIONS = ("llama-3-8b", "llama-2-7b", "mistral-7b", "qwen3-0.6b")
 HARDWARE_OPTIONS = [(name, name) for name in sorted(PROFILES)] + [("this machine (calibrated)", "cpu")]
+MEASURE_MODEL_OPTIONS = [("tiny (random weights, fast)", "tiny"),
+                         ("SmolLM2-135M-Instruct (real weights, slower)", "smollm2-135m-instruct")]
 RENDER_DPI = 72
+PROGRESS_EVERY_S = 0.25      # a GPU's steps take a millisecond: redraw the progress line at most this often
 
 
 def lab_controls(settings: lab_state.LabSettings | None = None) -> dict:
@@ -59,13 +66,22 @@ def lab_controls(settings: lab_state.LabSettings | None = None) -> dict:
                                style=style, layout=layout),
         "mode": w.ToggleButtons(options=[("simulate", "simulate"), ("measure on this device", "measure")],
                                 value=s.mode, description="mode", style=style),
+        # what "measure" runs; greyed out while simulating, where it changes nothing
+        "measure_model": w.Dropdown(options=MEASURE_MODEL_OPTIONS, value=s.measure_model,
+                                    description="model (measure)", style=style, layout=layout,
+                                    disabled=s.mode != "measure"),
     }
 
 
-def verdict_html(**values):
-    """(settings or None, the verdict line as HTML) for these control values."""
+def verdict_html(on_step=None, **values):
+    """(settings or None, the verdict line as HTML) for these control values.
+    on_step(steps_done, steps_total): the progress of a measured run not cached yet.
+    A bad setting, or a real model whose weights package is missing (pretrained()
+    says how to install it), is the line, not an exception."""
     try:
         settings = lab_state._as_settings(None, **values)
+        if settings.mode == "measure":
+            lab_state.lab_run(settings, on_step=on_step)      # the slow part, cached for what follows
         verdict = lab_state.lab_verdict(settings)
     except (ValueError, TypeError) as e:
         return None, f"<b class='lab-verdict' style='color:#b00'>Cannot run this setting:</b> {html.escape(str(e))}"
@@ -96,7 +112,8 @@ class LabView:
         self.redraws = 0
         left = w.VBox([self.controls[k] for k in ("workload", "policy", "chunk_size", "rate_per_s",
                                                   "itl_slo_ms", "ttft_slo_ms")])
-        right = w.VBox([self.controls[k] for k in ("num_decoders", "prompt_len", "model", "hardware", "mode")])
+        right = w.VBox([self.controls[k] for k in ("num_decoders", "prompt_len", "model", "hardware", "mode",
+                                                   "measure_model")])
         self.widget = w.VBox([w.HBox([left, right]), self.verdict, self.progress, self.image])
         self.widget.add_class("minillm-lab")
         for control in self.controls.values():
@@ -109,16 +126,43 @@ class LabView:
         return {name: control.value for name, control in self.controls.items()}
 
     def _on_change(self, _change) -> None:
+        self.controls["measure_model"].disabled = self.controls["mode"].value != "measure"
         self.update(**self.values())
 
     def _show_progress(self, rate) -> None:
         self.progress.value = f"<i>simulating {rate:.2f} req/s ...</i>"
 
+    def _measuring(self, settings):
+        """The progress line of a measured run: (the line now, on_step for the run)."""
+        what = f"measuring {lab_state.MEASURE_MODELS[settings.measure_model]} on this device"
+        first_step_at, shown_at = [None], [0.0]      # perf_counter times, set as the run goes
+
+        def on_step(steps_done: int, steps_total: int) -> None:
+            now = time.perf_counter()
+            if first_step_at[0] is None:             # the model is loaded: steps start now
+                first_step_at[0] = now
+            if 0 < steps_done < steps_total and now - shown_at[0] < PROGRESS_EVERY_S:
+                return
+            shown_at[0] = now
+            elapsed_s = now - first_step_at[0]
+            left = f", about {elapsed_s / steps_done * (steps_total - steps_done):.0f} s left" if steps_done else ""
+            self.progress.value = f"<i>{what}: step {steps_done} of {steps_total}{left} ...</i>"
+
+        return f"<i>{what}: loading the model ...</i>", on_step
+
     def update(self, **values) -> bool:
         """Verdict first, then the figure redrawn in place; False for a bad setting."""
-        settings, message = verdict_html(**values)
+        on_step = None
+        try:
+            settings = lab_state._as_settings(None, **values)
+        except (ValueError, TypeError):
+            settings = None                  # verdict_html says what is wrong
+        if settings is not None and settings.mode == "measure" and not lab_state.is_measured(settings):
+            self.progress.value, on_step = self._measuring(settings)
+        settings, message = verdict_html(on_step, **values)
         self.verdict.value = message
         if settings is None:
+            self.progress.value = ""
             return False
         if settings.under_load:
             # a new setting runs up to ~100 simulations for the capacity view: say so

@@ -117,8 +117,12 @@ assert abs(chunked["decoder_tpot_mean_s"] - whole["decoder_tpot_mean_s"]) < 0.1 
 # "off" is `prefill_first`. The views: the steps around the long prompt's arrival, each
 # stream's token gaps, and the sweep of TTFT, mean TPOT, p99 and max ITL against chunk
 # size, with your setting marked and the verdict on an ITL target in the title. "measure
-# on this device" runs the real engine with the tiny model instead (slower: a progress bar
-# shows it working; its sweep fills in as you measure more chunk sizes).
+# on this device" runs the real engine instead (its sweep fills in as you measure more chunk
+# sizes). "model (measure)" picks what it runs: the built-in tiny model, random weights and
+# a run of seconds, or the real SmolLM2-135M-Instruct
+# (`figures.lab_run(mode="measure", measure_model="smollm2-135m-instruct")`), whose 30
+# layers make every step several times slower: on a 2-core CPU the default setting takes
+# tens of seconds, and a progress line counts the steps meanwhile.
 #
 # Every view is a plain function of the settings (`figures.lab_figure(settings)`,
 # `figures.lab_verdict(settings)`); the widget only wires controls to them, so the figure
