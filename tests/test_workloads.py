@@ -71,6 +71,27 @@ def test_length_mixes_match_their_published_medians(lengths, prompt_median, outp
     assert statistics.median(r.max_tokens for r in w.requests) == pytest.approx(output_median, rel=0.08)
 
 
+@pytest.mark.parametrize("lengths, prompt_p90, output_p90", [
+    # Sarathi-Serve (arXiv:2403.02310), Table 2: P90 of prompt and output tokens
+    ("chat", 5696, 834), ("long_prompt", 12985, 371)])
+def test_length_mixes_match_their_published_p90s(lengths, prompt_p90, output_p90):
+    from minillm.metrics import percentile
+    from minillm.sim.workloads import steady_traffic
+    w = steady_traffic(1.0, 3000, lengths, max_model_len=10**6, seed=0)
+    assert percentile([r.prompt_len for r in w.requests], 90) == pytest.approx(prompt_p90, rel=0.08)
+    assert percentile([r.max_tokens for r in w.requests], 90) == pytest.approx(output_p90, rel=0.08)
+
+
+def test_a_higher_rate_is_the_same_trace_compressed():
+    # capacity's probes share their random numbers: arrivals at rate r are the
+    # unit-rate arrivals divided by r, whatever the burstiness
+    from minillm.sim.workloads import arrival_times
+    for burstiness in (0.5, 1.0, 3.0):
+        unit = arrival_times(200, 1.0, burstiness, seed=5)
+        fast = arrival_times(200, 8.0, burstiness, seed=5)
+        assert fast == pytest.approx([t / 8.0 for t in unit], rel=1e-12, abs=1e-12)
+
+
 @pytest.mark.parametrize("kwargs, arg", [
     (dict(rate_per_s=0), "rate_per_s"), (dict(rate_per_s=-1.0), "rate_per_s"),
     (dict(num_requests=0), "num_requests"), (dict(lengths="sharegpt"), "lengths"),

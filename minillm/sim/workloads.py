@@ -160,15 +160,26 @@ LENGTH_MIXES: dict[str, tuple[LengthDist, LengthDist, str]] = {
     "fixed": (LengthDist("fixed", 512), LengthDist("fixed", 128),
               "512 in, 128 out for every request"),
     "uniform": (LengthDist("uniform", 100, 1024), LengthDist("uniform", 100, 1024),
-                "uniform 100-1024 tokens in and out: nano-vllm's bench.py and mini-sglang's benchmark"),
-    # Sarathi-Serve (Agrawal et al., OSDI'24, Table 2) serves two traces; we match a
-    # log-normal to the median and P90 it reports for each (prompt and output tokens).
+                "uniform 100-1024 tokens in and out: nano-vllm's bench.py and mini-sglang's "
+                "benchmark/offline/bench.py (randint(100, 1024) for both)"),
+    # Sarathi-Serve (Agrawal et al., "Taming Throughput-Latency Tradeoff in LLM Inference
+    # with Sarathi-Serve", OSDI'24, arXiv:2403.02310), Table 2 "Datasets used for
+    # evaluation": median / P90 / std of prompt and output tokens. We match a log-normal
+    # to the median and P90 of each (the std is not matched). openchat_sharegpt4:
+    # prompts 1730 / 5696 / 2088, outputs 415 / 834 / 101; arxiv_summarization: prompts
+    # 7059 / 12985 / 3638, outputs 208 / 371 / 265. The paper drops requests longer
+    # than 8192 (chat) and 16384 (arxiv) tokens in all (section 5, "Workloads"). The
+    # chat trace the paper's artifact replays (microsoft/sarathi-serve,
+    # data/processed_traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv, 30,731
+    # requests, LLaMA-2 tokenizer) gives the same medians and P90s (1730 / 5696, 415 /
+    # 834) and a prompt std of 2088, but an output std of 266, not 101: Table 2's two
+    # output stds look swapped. The arxiv trace is not in the repository.
     "chat": (LengthDist("lognormal", 1730, 5696), LengthDist("lognormal", 415, 834),
-             "openchat_sharegpt4 as Sarathi-Serve reports it: prompts median 1730 / P90 5696, "
-             "outputs median 415 / P90 834 tokens"),
+             "openchat_sharegpt4, Sarathi-Serve (arXiv:2403.02310) Table 2: prompts median 1730 / "
+             "P90 5696, outputs median 415 / P90 834 tokens"),
     "long_prompt": (LengthDist("lognormal", 7059, 12985), LengthDist("lognormal", 208, 371),
-                    "arxiv_summarization as Sarathi-Serve reports it: prompts median 7059 / P90 12985, "
-                    "outputs median 208 / P90 371 tokens"),
+                    "arxiv_summarization, Sarathi-Serve (arXiv:2403.02310) Table 2: prompts median "
+                    "7059 / P90 12985, outputs median 208 / P90 371 tokens"),
 }
 
 
@@ -197,7 +208,10 @@ def steady_traffic(rate_per_s: float = 4.0, num_requests: int = 64, lengths: str
     prompt and output lengths drawn from LENGTH_MIXES[lengths].
 
     Lengths are clipped so that prompt + output fits max_model_len (default
-    4096: every preset's context; a long-prompt mix is truncated there).
+    4096, the smallest preset context). The published mixes are longer than
+    that: at 4096, 22% of "chat" prompts and 89% of "long_prompt" prompts are
+    cut to the context (5% and 41% at 8192), so the long-prompt mix becomes
+    nearly fixed ~3.9k-token prompts and the chat mix loses its P90.
     Seeded: the same seed gives the same lengths at every rate, so a sweep
     over the rate changes the arrivals only.
     """
