@@ -102,6 +102,12 @@ def _check_int(name: str, value, minimum: int) -> int:
 
 def normalize_step(requests) -> list[tuple[int, int, bool]]:
     """Check a step's shape and return [(num_new_tokens, num_cached_tokens, samples)]."""
+    # Fast path (the simulator calls this every step with shapes it built itself):
+    # a list of (int >= 1, int >= 0, bool) triples is already normal.
+    if type(requests) is list and all(
+            type(r) is tuple and len(r) == 3 and type(r[0]) is int and r[0] >= 1
+            and type(r[1]) is int and r[1] >= 0 and type(r[2]) is bool for r in requests):
+        return list(requests)
     if isinstance(requests, tuple) and len(requests) in (2, 3) and all(
             is_int(x) for x in requests[:2]):
         raise TypeError(f"requests={requests!r}: pass a list of requests, "
