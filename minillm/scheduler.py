@@ -15,11 +15,18 @@ Policies:
                  get prefill tokens until the step holds chunk_size of them
                  or hits token_budget. A prompt that does not fit is split
                  and continues next step. A step is C_prefill + N_decode tokens.
+                 vLLM V1's order (Scheduler.schedule in
+                 vllm/v1/core/sched/scheduler.py): the running requests
+                 first (the decodes, and a prompt left mid-chunk, which gets
+                 what the budget has left), then waiting prompts, all within
+                 max_num_batched_tokens (our token_budget).
   chunked_prefill_first  SGLang's default: prompts are chunked as under
-                 "chunked", but a step is prefill-only or decode-only, and
-                 prefill goes first (mixing a chunk with the decodes needs
-                 SGLang's --enable-mixed-chunk, off by default:
-                 python/sglang/srt/server_args.py). Chunking without mixing
+                 "chunked" (--chunked-prefill-size), but a step is
+                 prefill-only or decode-only, and prefill goes first
+                 (get_next_batch_to_run in python/sglang/srt/managers/
+                 scheduler.py: "Run prefill first if possible"; mixing a chunk
+                 with the decodes needs --enable-mixed-chunk, False by default
+                 in python/sglang/srt/server_args.py). Chunking without mixing
                  caps each step, yet every decode still waits for the whole
                  prompt: the stall is cut into pieces, not cured.
 
