@@ -177,6 +177,8 @@ class Scheduler:
     def _make_room(self, request: Request, num_tokens: int, step: ScheduledStep) -> bool:
         """Preempt the newest running requests not yet in this step until
         `request` can hold num_tokens. False if the request itself had to go."""
+        if self.block_manager.can_allocate(request.request_id, num_tokens):
+            return True                    # the common case: no set to build
         scheduled = {id(r) for r, _ in step.scheduled}
         while not self.block_manager.can_allocate(request.request_id, num_tokens):
             victims = [r for r in self.running if id(r) not in scheduled]

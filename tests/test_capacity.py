@@ -96,3 +96,34 @@ def test_sarathi_slo_recipe_lands_near_the_papers_table_3():
 def test_bad_capacity_arguments_name_themselves(make, arg):
     with pytest.raises(ValueError, match=arg):
         make()
+
+
+def test_the_shipped_headline_points_are_what_the_simulator_computes_today():
+    # Chapter 7 reads sarathi_headline's probes from data/simulated/ instead of running
+    # them for two minutes; re-run the cheapest one: a stale file fails here (refresh it
+    # with tools/refresh_sim_points.py).
+    from minillm.sim.capacity import SARATHI_POINTS_PATH, load_point, load_points, sarathi_headline
+    shipped = load_points(SARATHI_POINTS_PATH)
+    cache = dict(shipped)
+    headline = sarathi_headline(cache=cache)
+    assert len(cache) == len(shipped)                   # every probe came from the file
+    assert headline["strict"]["ratio"] > 1
+    key = min(shipped, key=lambda k: shipped[k]["num_steps"])
+    sched, lengths, model, hardware, num_requests, seed, rate = key
+    assert load_point(sched, rate, lengths, model, hardware, num_requests, seed) == shipped[key]
+
+
+def test_load_points_names_a_bad_file(tmp_path):
+    from minillm.sim.capacity import load_points
+    bad = tmp_path / "points.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="points.json"):
+        load_points(bad)
+
+
+def test_save_points_round_trips(tmp_path):
+    from minillm.sim.capacity import load_points, save_points
+    cache: dict = {}
+    load_point(SchedulerConfig(policy="chunked", chunk_size=256), 1.0, num_requests=8, cache=cache)
+    save_points(cache, tmp_path / "p.json")
+    assert load_points(tmp_path / "p.json") == cache

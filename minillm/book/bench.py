@@ -79,36 +79,80 @@ def _seconds(run) -> float:
 
 
 def bench_chunk_cost(shape: str = "tiny", prompt_len: int = 2048, chunk_sizes=(256, 64),
-                     num_decodes: int = 8, repeats: int = 3, device=None) -> dict:
+                     num_decodes: int = 8, repeats: int = 5, device=None) -> dict:
     """The chunk steps of one prompt against its whole prefill, ratios per repeat.
 
-    Each repeat times the whole prefill and every chunk step back to back, so
-    a burst of load on a shared machine hits both sides of a ratio; the
-    median over repeats is reported. With decodes: num_decodes requests with
-    prompt_len cached tokens ride along every chunk.
+    The prompt goes through one ModelRunner and one paged cache, as in the
+    engine: the whole prompt in one step, or chunk after chunk, each reading
+    what the earlier ones wrote. Each repeat times the whole prefill and every
+    chunked run back to back, so a burst of load on a shared machine hits
+    both sides of a ratio; the median over repeats is reported.
+
+    The attention and matmul work of the chunks adds up to the whole
+    prefill's; what chunking adds is one step's fixed cost per extra step
+    (reading every weight once more, launching every operator once more).
+    `step_floor_s` measures that cost (a one-token step) and `predicted`
+    the ratio it implies: 1 + (steps - 1) * floor / whole.
+    With decodes: num_decodes requests with prompt_len cached tokens ride
+    along every chunk (prepare_step, seeded random cache).
     """
     from ..prefill import prepare_step
 
     model = bench_model(shape, device)
-    whole = prepare_step(model, [(prompt_len, 0)])
-    cases = {f"C={c}": [prepare_step(model, [(c, s)]) for s in range(0, prompt_len, c)] for c in chunk_sizes}
-    riders = [(1, prompt_len)] * num_decodes
+    tokens = torch.randint(0, model.cfg.vocab_size, (prompt_len,),
+                           generator=torch.Generator().manual_seed(0)).tolist()
+    runner = _runner(model, prompt_len)
+    floor_step = prepare_step(model, [(1, 0)])
     c = chunk_sizes[0]
-    cases[f"C={c} + {num_decodes} decodes"] = [prepare_step(model, [(c, s)] + riders)
-                                               for s in range(0, prompt_len, c)]
-    for run in [whole] + [steps[0] for steps in cases.values()]:
-        run()                                                         # warm-up
+    riders = [(1, prompt_len)] * num_decodes
+    with_decodes = [prepare_step(model, [(c, s)] + riders) for s in range(0, prompt_len, c)]
+    cases = {f"C={size}": size for size in chunk_sizes}
+    for size in (prompt_len, *chunk_sizes):
+        _prefill_seconds(runner, tokens, size)                          # warm-up
+    [step() for step in with_decodes]
     ratios = {name: [] for name in cases}
-    whole_s = []
+    ratios[f"C={c} + {num_decodes} decodes"] = []
+    whole_s, floor_s = [], []
     for _ in range(repeats):
-        whole_s.append(_seconds(whole))
-        for name, steps in cases.items():
-            ratios[name].append(sum(_seconds(step) for step in steps) / whole_s[-1])
+        whole_s.append(_prefill_seconds(runner, tokens, prompt_len))
+        for name, size in cases.items():
+            ratios[name].append(_prefill_seconds(runner, tokens, size) / whole_s[-1])
+        ratios[f"C={c} + {num_decodes} decodes"].append(sum(_seconds(step) for step in with_decodes)
+                                                         / whole_s[-1])
+        floor_s.append(statistics.median(_seconds(floor_step) for _ in range(5)))
+    whole, floor = statistics.median(whole_s), statistics.median(floor_s)
     return {"shape": shape, "device": str(model.device), "prompt_len": prompt_len,
-            "whole_prefill_s": statistics.median(whole_s),
+            "whole_prefill_s": whole, "step_floor_s": floor,
             "chunks_over_whole": {name: statistics.median(r) for name, r in ratios.items()},
+            "predicted": {f"C={size}": 1 + (-(-prompt_len // size) - 1) * floor / whole
+                          for size in chunk_sizes},
             "spread": {name: (min(r), max(r)) for name, r in ratios.items()},
             "prefix_read": bench_prefix_read(model, prompt_len - chunk_sizes[0])}
+
+
+def _runner(model, num_tokens: int, block_size: int = 16):
+    from ..kv_cache import BlockManager, blocks_for
+    from ..model_runner import ModelRunner
+
+    return ModelRunner(model, BlockManager(blocks_for(num_tokens, block_size), block_size))
+
+
+def _prefill_seconds(runner, tokens: list[int], chunk_size: int) -> float:
+    """Seconds of the steps that prefill `tokens` in chunks of chunk_size (one
+    runner, one cache, the engine's path); only the last chunk samples."""
+    from ..model_runner import StepChunk
+
+    blocks = runner.block_manager
+    blocks.allocate("prompt", len(tokens))
+    try:
+        total = 0.0
+        for start in range(0, len(tokens), chunk_size):
+            chunk = StepChunk("prompt", tokens[start:start + chunk_size], start,
+                              sample=start + chunk_size >= len(tokens))
+            total += _seconds(lambda: runner.execute([chunk]))
+        return total
+    finally:
+        blocks.free("prompt")
 
 
 def bench_prefix_read(model, num_cached: int, repeats: int = 20) -> dict:
@@ -395,7 +439,7 @@ def main(argv: list[str]) -> int:
                         help="model shape for chunk-cost, interference and hf ('all': each in turn)")
     parser.add_argument("--prompt-len", type=int, default=2048)
     parser.add_argument("--num-decoders", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=3, help="chunk-cost: runs per ratio (median)")
+    parser.add_argument("--repeats", type=int, default=5, help="chunk-cost: runs per ratio (median)")
     parser.add_argument("--chunk-sizes", default="64,128,256,512,1024",
                         help="interference: comma-separated chunk sizes (256 is the headline)")
     parser.add_argument("--memory-requests", type=int, default=20_000, help="requests served by `memory`")
@@ -468,7 +512,10 @@ def _run_shape(args, shape: str, out: Path) -> dict:
               f"{args.repeats} runs")
         for name, ratio in r["chunks_over_whole"].items():
             low, high = r["spread"][name]
-            print(f"  {name:>18}: x{ratio:.3f} the whole prefill (runs {low:.3f}-{high:.3f})")
+            predicted = f"; one step's fixed cost predicts x{r['predicted'][name]:.3f}" if name in r["predicted"] else ""
+            print(f"  {name:>18}: x{ratio:.3f} the whole prefill (runs {low:.3f}-{high:.3f}){predicted}")
+        print(f"  one step's fixed cost (a one-token step: every weight read, every operator launched): "
+              f"{r['step_floor_s'] * 1e3:.2f} ms")
         p = r["prefix_read"]
         print(f"  reading a {args.prompt_len - 256}-token cached prefix, every layer: per-layer gather "
               f"{p['before_per_layer_s'] * 1e3:.2f} ms/step; once per step "

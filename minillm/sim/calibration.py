@@ -7,7 +7,7 @@ device. The recipe:
 1. time steps of the built-in model over a sweep of shapes (a prefill chunk
    of C tokens over c cached ones, plus N decodes over c cached tokens each),
    the fastest of a few round-robin repeats, each step built by
-   `model_runner.prepare_step`;
+   `prefill.prepare_step`;
 2. fit effective FLOP/s, bandwidth, per-kernel, per-step and per-sequence
    overheads by least squares on the relative error. With an additive blend
    (overlap_exponent = 1) and no tiles or floors, predict_step's time is
@@ -58,7 +58,7 @@ def measure_step_times(model, shapes, repeats: int = 5, seed: int = 0, progress:
                        statistic: str = "min") -> list[float]:
     """Seconds of one real engine step for each (chunk, num_decodes, num_cached).
 
-    Every step is built first (model_runner.prepare_step), then the sweep is
+    Every step is built first (prefill.prepare_step), then the sweep is
     timed round-robin `repeats` times, so a burst of load from another process
     hits different shapes, not all repeats of one. statistic="min" (default:
     other processes only ever ADD time, so the fastest run is the step's own

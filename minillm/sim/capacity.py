@@ -31,8 +31,11 @@ re-checks the grid rate below its answer (CapacityResult.failed_below).
 """
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
 from ..validation import check_real
 
 from ..scheduler import SchedulerConfig
@@ -40,7 +43,8 @@ from ..metrics import distribution
 from .simulator import resolve_hardware, resolve_model, simulate
 from .workloads import LENGTH_MIXES, steady_traffic
 
-__all__ = ["CapacitySLO", "RATE_GRID", "CapacityResult", "capacity", "load_point", "sarathi_headline"]
+__all__ = ["CapacitySLO", "RATE_GRID", "CapacityResult", "capacity", "load_point", "sarathi_headline",
+           "save_points", "load_points", "SARATHI_POINTS_PATH"]
 
 # Request rates tried: 2^(k/4) req/s, from 1/16 to 64 (steps of 19%).
 RATE_GRID = tuple(2 ** (k / 4) for k in range(-16, 25))
@@ -119,6 +123,34 @@ def load_point(sched: SchedulerConfig, rate_per_s: float, lengths: str = "chat",
     if cache is not None:
         cache[key] = point
     return point
+
+
+# Load points the simulator computed ahead of time for sarathi_headline's 21 probes of
+# 512 requests (two minutes on two cores): chapter 7 and the tests read them instead of
+# re-running, and re-run one to show they are what the simulator computes today.
+# Refresh with `python tools/refresh_sim_points.py` after changing the simulator.
+SARATHI_POINTS_PATH = Path(__file__).resolve().parents[2] / "data" / "simulated" / "sarathi_headline_points.json"
+
+
+def save_points(cache: dict, path) -> None:
+    """Write a load_point cache (as capacity and the lab fill it) to a JSON file."""
+    entries = [{"sched": asdict(sched), "lengths": lengths, "model": model, "hardware": hardware,
+                "num_requests": num_requests, "seed": seed, "rate_per_s": rate, "point": point}
+               for (sched, lengths, model, hardware, num_requests, seed, rate), point in cache.items()]
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(entries, indent=0))
+
+
+def load_points(path) -> dict:
+    """The cache save_points wrote: pass it as `cache=` to load_point, capacity or
+    sarathi_headline, and every probe it holds is read instead of simulated."""
+    try:
+        entries = json.loads(Path(path).read_text())
+        return {_key(SchedulerConfig(**e["sched"]), e["lengths"], e["model"], e["hardware"],
+                     e["num_requests"], e["seed"], e["rate_per_s"]): e["point"] for e in entries}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"path={str(path)!r}: not a file of simulated load points ({e}); "
+                         "write one with capacity.save_points") from None
 
 
 @dataclass

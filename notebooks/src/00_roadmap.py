@@ -22,7 +22,7 @@ from IPython.display import Markdown, display
 
 import minillm
 from minillm.device import synchronize
-from minillm.model_runner import prepare_step
+from minillm.prefill import prepare_step
 
 torch.manual_seed(0)
 device = minillm.default_device()

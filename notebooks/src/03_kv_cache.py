@@ -29,7 +29,8 @@ from minillm import kv_cache, prefill_kv
 from minillm.config import PRESETS
 from minillm.device import synchronize
 from minillm.kv_cache import BlockManager, OutOfBlocksError, PagedKVCache, blocks_for
-from minillm.model_runner import ModelRunner, StepChunk, prepare_step
+from minillm.model_runner import ModelRunner, StepChunk
+from minillm.prefill import prepare_step
 from minillm.book.show import show_source
 
 torch.manual_seed(0)

@@ -372,7 +372,7 @@ plt.show()
 # NBVAL_IGNORE_OUTPUT
 import os
 
-from minillm.model_runner import prepare_step
+from minillm.prefill import prepare_step
 
 os.environ["KINETO_LOG_LEVEL"] = "6"     # the profiler's own "USDT: profiler_start" lines: off
 
