@@ -3,7 +3,7 @@ import matplotlib.pyplot as plt
 import pytest
 
 import minillm
-from minillm.book import lab, widgets
+from minillm.book import figures, lab, widgets
 
 # A small load so each simulation takes a fraction of a second.
 LOAD = dict(workload="uniform", rate_per_s=6.0, itl_slo_ms=100.0, ttft_slo_ms=2000.0,
@@ -45,15 +45,23 @@ def test_the_load_figure_marks_the_current_setting_and_titles_with_the_verdict()
     latency, cap = fig.axes
     assert lab.lab_verdict(LOAD, chunk_size=1024) in fig._suptitle.get_text()
     assert any(line.get_xdata()[0] == 1024 for line in latency.lines if len(line.get_xdata()) == 2)
-    assert any(c.get_label() == "current setting" for c in cap.collections)
+    assert any(c.get_gid() == figures.CURRENT_SETTING for c in cap.collections)
+    # Moving the setting moves the marks and the title, nothing else.
+    before = len(latency.lines) + len(cap.collections)
+    lab.mark_load_setting(fig, LOAD, chunk_size=64)
+    assert len(latency.lines) + len(cap.collections) == before
+    assert [c.get_offsets()[0][0] for c in cap.collections if c.get_gid() == figures.CURRENT_SETTING] == [64]
+    assert lab.lab_verdict(LOAD, chunk_size=64) in fig._suptitle.get_text()
 
 
 def test_the_widget_redraws_one_figure_in_place_and_the_picture_changes():
     view = widgets.LabView(lab.LabSettings(**LOAD, chunk_size=64))
     first_fig, first_png, first_verdict = view.figure, view.image.value, view.verdict.value
+    background = view._background_key
     view.controls["chunk_size"].value = 1024                 # what a slider move does
     assert view.figure is first_fig and view.redraws == 2
     assert view.image.value != first_png and view.verdict.value != first_verdict
+    assert view._background_key == background               # only the marks were redrawn
     view.controls["rate_per_s"].value = 2.0
     assert view.redraws == 3 and "2 req/s" in view.verdict.value
 

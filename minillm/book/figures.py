@@ -358,8 +358,6 @@ def plot_load_lab(rows, capacity_rows, current_chunk, current_policy, rate_per_s
             ax.axhline(off[key] * 1e3, color=color, linestyle=":", linewidth=1)
     ax.axhline(itl_slo_ms, color="#9467bd", linestyle="--", linewidth=1, label=f"ITL SLO {itl_slo_ms:g} ms")
     ax.axhline(ttft_slo_ms, color="#d62728", linestyle="--", linewidth=1, label=f"TTFT SLO {ttft_slo_ms:g} ms")
-    if current_chunk != "off" and current_policy in ("chunked", "chunked_prefill_first"):
-        ax.axvline(current_chunk, color="gray", linewidth=6, alpha=0.3)
     _chunk_axis(ax, xs)
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
@@ -385,16 +383,6 @@ def plot_load_lab(rows, capacity_rows, current_chunk, current_policy, rate_per_s
             mine.sort(key=lambda r: r["chunk_size"])
             ax.plot([r["chunk_size"] for r in mine], [r["capacity_req_s"] for r in mine], color=color,
                     marker=marker, linestyle=style, label=label, linewidth=1.4, markersize=5)
-        if policy == current_policy:
-            here = next((r for r in mine if r["chunk_size"] in (None, current_chunk)), None)
-            if here is not None:
-                x = current_chunk if here["chunk_size"] is not None else None
-                if x is not None:
-                    ax.scatter([x], [here["capacity_req_s"]], s=160, facecolors="none", edgecolors="black",
-                               linewidths=2, zorder=4, label="current setting")
-                else:
-                    ax.axhline(here["capacity_req_s"], color="black", linewidth=3, alpha=0.25,
-                               label="current setting")
     _chunk_axis(ax, sorted({r["chunk_size"] for r in capacity_rows if r["chunk_size"] is not None}))
     ax.set_ylim(0, max(best * 1.15, 0.5))
     ax.set_ylabel("capacity (req/s meeting both SLOs)")
@@ -404,9 +392,37 @@ def plot_load_lab(rows, capacity_rows, current_chunk, current_policy, rate_per_s
         where = "" if top["chunk_size"] is None else f" at chunk {top['chunk_size']}"
         ax.set_title(f"Most capacity: {policy_labels.get(top['policy'], top['policy'])}{where}, "
                      f"{top['capacity_req_s']:.2f} req/s", fontsize="small")
-    fig.suptitle(title, fontsize="small")
     _pin_titles(fig)
+    mark_load_lab_setting(fig, capacity_rows, current_chunk, current_policy, title)
     return fig
+
+
+CURRENT_SETTING = "lab-current-setting"     # gid of the artists that move with the setting
+
+
+def mark_load_lab_setting(fig, capacity_rows, current_chunk, current_policy, title) -> list:
+    """Mark the current chunk size and policy on plot_load_lab's figure and set its
+    title (the verdict); the previous marks go. Returns the artists that changed,
+    so the lab can redraw only them over the rest of the figure (widgets.LabView)."""
+    latency, capacity_ax = fig.axes[:2]
+    for ax in (latency, capacity_ax):
+        for artist in [*ax.lines, *ax.collections]:
+            if artist.get_gid() == CURRENT_SETTING:
+                artist.remove()
+    marks = []
+    if current_chunk != "off" and current_policy in ("chunked", "chunked_prefill_first"):
+        marks.append(latency.axvline(current_chunk, color="gray", linewidth=6, alpha=0.3))
+    here = next((r for r in capacity_rows if r["policy"] == current_policy
+                 and r["chunk_size"] in (None, current_chunk)), None)
+    if here is not None and here["chunk_size"] is not None:
+        marks.append(capacity_ax.scatter([current_chunk], [here["capacity_req_s"]], s=160, facecolors="none",
+                                         edgecolors="black", linewidths=2, zorder=4))
+    elif here is not None:
+        marks.append(capacity_ax.axhline(here["capacity_req_s"], color="black", linewidth=3, alpha=0.25))
+    for artist in marks:
+        artist.set_gid(CURRENT_SETTING)
+    marks.append(fig.suptitle(title, fontsize="small"))
+    return marks
 
 
 def _chunk_axis(ax, chunk_sizes):

@@ -377,8 +377,7 @@ def lab_figure(settings=None, progress: bool = False, fig=None, **overrides):
         return figures.plot_load_lab(
             rows, caps, current_chunk=settings.chunk_size, current_policy=settings.sched().policy,
             rate_per_s=settings.rate_per_s, itl_slo_ms=settings.itl_slo_ms, ttft_slo_ms=settings.ttft_slo_ms,
-            title=f"{model} on {settings.hardware}, {settings.workload} traffic: {verdict}", fig=fig,
-            policy_labels=POLICY_LABELS)
+            title=_load_title(settings, verdict), fig=fig, policy_labels=POLICY_LABELS)
     run = lab_run(settings, progress=progress)
     where = run.device if settings.mode == "measure" else f"{model} on {run.device}"   # device names the model
     long = next(o for o in run.outputs if o.tag == "long")
@@ -388,6 +387,21 @@ def lab_figure(settings=None, progress: bool = False, fig=None, **overrides):
         num_streams=settings.num_decoders, stream_tag="decoder",
         worst_gap_s=run.summary["decoder_itl_max_s"],
         title=f"{where}: {verdict}", fig=fig)
+
+
+def _load_title(settings: LabSettings, verdict: str) -> str:
+    model = settings.model if isinstance(settings.model, str) else settings.model.name
+    return f"{model} on {settings.hardware}, {settings.workload} traffic: {verdict}"
+
+
+def mark_load_setting(fig, settings=None, **overrides) -> list:
+    """Move the current-setting marks and the verdict title of an under-load lab
+    figure to `settings`; the rest of the figure must be lab_figure's for a setting
+    that differs at most in chunk size (same policy). Returns the artists that
+    changed (the lab redraws only those)."""
+    settings = _as_settings(settings, **overrides)
+    return figures.mark_load_lab_setting(fig, capacity_rows(settings), settings.chunk_size,
+                                         settings.sched().policy, _load_title(settings, lab_verdict(settings)))
 
 
 def plot_stall(settings=None, chunk_size=512, **overrides):

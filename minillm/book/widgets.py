@@ -15,6 +15,10 @@ from __future__ import annotations
 import html
 import io
 import time
+from collections import OrderedDict
+from dataclasses import replace
+
+import numpy as np
 
 from . import lab as lab_state
 from ..sim.hardware import PROFILES
@@ -27,6 +31,7 @@ HARDWARE_OPTIONS = [(name, name) for name in sorted(PROFILES)] + [("this machine
 MEASURE_MODEL_OPTIONS = [("tiny (random weights, fast)", "tiny"),
                          ("SmolLM2-135M-Instruct (real weights, slower)", "smollm2-135m-instruct")]
 RENDER_DPI = 72
+RENDERED_KEPT = 32           # interference pictures kept (~60 kB each)
 PROGRESS_EVERY_S = 0.25      # a GPU's steps take a millisecond: redraw the progress line at most this often
 
 
@@ -108,6 +113,8 @@ class LabView:
         self.progress = w.HTML()
         self.image = w.Image(format="png")
         self.figure = None                   # created on the first draw, then redrawn in place
+        self._background = self._background_key = None   # the under-load figure without its marks
+        self._rendered: OrderedDict = OrderedDict()        # interference pictures by setting
         self.settings = None
         self.redraws = 0
         left = w.VBox([self.controls[k] for k in ("workload", "policy", "chunk_size", "rate_per_s",
@@ -167,14 +174,60 @@ class LabView:
         if settings.under_load:
             # a new setting runs up to ~100 simulations for the capacity view: say so
             lab_state.capacity_rows(settings, on_point=self._show_progress)
-        self.figure = lab_state.lab_figure(settings, progress=settings.mode == "measure", fig=self.figure)
-        buffer = io.BytesIO()
-        self.figure.savefig(buffer, format="png", dpi=RENDER_DPI)
-        self.image.value = buffer.getvalue()
+            self.image.value = self._render_load(settings)
+        else:
+            self.image.value = self._render_interference(settings)
         self.progress.value = ""
         self.settings = settings
         self.redraws += 1
         return True
+
+
+    def _render_interference(self, settings) -> bytes:
+        """PNG of the interference figure. Each chunk size is a different run, so the
+        whole figure changes; a setting drawn before is not drawn again (its picture
+        is kept, the last RENDERED_KEPT of them)."""
+        self._background_key = None
+        if settings in self._rendered:
+            self._rendered.move_to_end(settings)
+            return self._rendered[settings]
+        self.figure = lab_state.lab_figure(settings, progress=settings.mode == "measure", fig=self.figure)
+        buffer = io.BytesIO()
+        self.figure.savefig(buffer, format="png", dpi=RENDER_DPI)
+        self._rendered[settings] = buffer.getvalue()
+        if len(self._rendered) > RENDERED_KEPT:
+            self._rendered.popitem(last=False)
+        return self._rendered[settings]
+
+    def _render_load(self, settings) -> bytes:
+        """PNG of the under-load figure. Moving the chunk size under one policy changes
+        only the marks and the verdict title: draw everything else once, keep it
+        (copy_from_bbox), and on each move paste it back and draw only what moved;
+        drawing the whole figure (ticks, legends, text) is most of a redraw's time."""
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from PIL import Image
+
+        key = (replace(settings, chunk_size=lab_state.LabSettings.chunk_size), settings.sched().policy)
+        if key != self._background_key:
+            self.figure = lab_state.lab_figure(settings, fig=self.figure)
+            self.figure.set_dpi(RENDER_DPI)
+            canvas = FigureCanvasAgg(self.figure)
+            moving = lab_state.mark_load_setting(self.figure, settings)
+            for artist in moving:
+                artist.set_animated(True)          # left out of the full draw below
+            canvas.draw()
+            self._background, self._background_key = canvas.copy_from_bbox(self.figure.bbox), key
+        else:
+            moving = lab_state.mark_load_setting(self.figure, settings)
+            for artist in moving:
+                artist.set_animated(True)
+        canvas = self.figure.canvas
+        canvas.restore_region(self._background)
+        for artist in moving:
+            self.figure.draw_artist(artist)
+        buffer = io.BytesIO()
+        Image.fromarray(np.asarray(canvas.buffer_rgba())).save(buffer, format="png", compress_level=1)
+        return buffer.getvalue()
 
 
 def render(**values):

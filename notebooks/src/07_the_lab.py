@@ -308,9 +308,11 @@ assert fresh == shipped[key]
 # are the claims the simulator supports.
 #
 # How fast does the lab answer? `python -m minillm bench lab` times it (the README has
-# the numbers): a slider move on a setting already simulated redraws the lab's one figure
-# in place (no new figure, no new output) and renders it; a new setting runs its
-# simulations first (a few dozen for the capacity view), with a progress line meanwhile.
+# the numbers). Under load a chunk-size move changes only the marks of the current
+# setting and the verdict, so the lab draws the rest of its one figure once, keeps the
+# pixels, and on each move pastes them back and draws only the marks (tens of
+# milliseconds instead of a whole redraw); a new setting runs its simulations first (a
+# few dozen for the capacity view), with a progress line meanwhile.
 
 # %% [markdown]
 # ## 4. The chunk size that meets a latency target at the best TTFT
