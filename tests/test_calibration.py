@@ -54,9 +54,11 @@ def test_measure_step_times_times_real_steps(tiny_model):
 def test_calibrate_predicts_held_out_engine_steps_within_30_percent(tmp_path, tiny_model):
     # The public path: calibrate() -> predict_step, against real steps of shapes
     # the fit never saw. Best of several runs on both sides: other processes only add time.
-    # Issue 13 asks for 10%; on the reference machine this measured 13% and 16% in two
-    # runs (an unfitted roofline misses by ~60-80%), so 30% is what we hold and the 10%
-    # target stays open.
+    # Issue 13 asks for 10%. On a quiet reference machine, fitting on one round of
+    # timings and predicting the held-out shapes timed then and in two later rounds
+    # gave 6.3-14.5% (10.3% on average; an unfitted roofline misses by ~56%), and the
+    # same step timed 30 s apart differs by 7.7% (median): 10% is this machine's noise
+    # floor. 30% is what a shared CI machine can promise; the README has the numbers.
     hw = hardware.calibrate(device="cpu", repeats=5, progress=False, cache_path=tmp_path / "hw.json",
                             force=True)
     model = tiny_model
