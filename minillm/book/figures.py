@@ -195,16 +195,22 @@ def plot_roofline(model="llama-3-8b", hardware="A100-80GB", dtype_bytes: int = 2
         color = DECODE_COLOR if label.startswith("decode") else PREFILL_COLOR
         ax.scatter([x], [y / 1e12], color=color, zorder=3, s=18)
         ax.annotate(label, (x, y / 1e12), textcoords="offset points", xytext=(4, -10), fontsize="x-small")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOPs per byte)")
-    ax.set_ylabel("TFLOP/s (predicted for the step)")
-    ax.legend(loc="lower right", fontsize="small")
+    _log_log_axes(ax, "arithmetic intensity (FLOPs per byte)", "TFLOP/s (predicted for the step)",
+                  legend_loc="lower right", legend_size="small")
     if title is None:
         title = (f"{cfg.name} on {hw.name}: decodes sit far left of the ridge ({hw.ridge_point:.0f} FLOPs/B),\n"
                  "chunks of a few hundred tokens reach it")
     ax.set_title(title, fontsize="small")
     return fig
+
+
+def _log_log_axes(ax, xlabel: str, ylabel: str, x_base: int = 10, legend_loc: str = "upper left",
+                  legend_size: str = "x-small") -> None:
+    ax.set_xscale("log", base=x_base)
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(loc=legend_loc, fontsize=legend_size)
 
 
 def plot_op_fidelity(profile, ops=("qkv_proj", "mlp_down_proj"), hardware=None, ax=None, title=None):
@@ -222,11 +228,7 @@ def plot_op_fidelity(profile, ops=("qkv_proj", "mlp_down_proj"), hardware=None, 
         ax.scatter(tokens, [r[1] * 1e6 for r in rows], s=6, color=color, label=f"{op} measured")
         ax.plot(tokens, [r[2] * 1e6 for r in rows], color=color, linewidth=1, label=f"{op} predicted")
         worst.append(percentile([abs(r[3]) for r in rows], 50))
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("tokens in the step (GEMM rows)")
-    ax.set_ylabel("time per layer (us)")
-    ax.legend(loc="upper left", fontsize="x-small")
+    _log_log_axes(ax, "tokens in the step (GEMM rows)", "time per layer (us)", x_base=2)
     if title is None:
         title = (f"{profile.cfg.name} on {profile.hardware}: median |error| "
                  + ", ".join(f"{op} {w:.0%}" for op, w in zip(ops, worst)))
@@ -249,11 +251,7 @@ def plot_step_fidelity(rows, ax=None, title=None):
     ax.plot([low, high], [low, high], color="black", linewidth=1, label="predicted = measured")
     ax.fill_between([low, high], [low * 0.9, high * 0.9], [low * 1.1, high * 1.1], color="gray",
                     alpha=0.2, label="within 10%")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("measured step time (ms)")
-    ax.set_ylabel("predicted step time (ms)")
-    ax.legend(loc="upper left", fontsize="x-small")
+    _log_log_axes(ax, "measured step time (ms)", "predicted step time (ms)")
     if title is None:
         errors = [abs(p - m) / m for m, p in zip(measured, predicted)]
         title = f"{len(rows)} steps: median |error| {percentile(errors, 50):.0%}"
