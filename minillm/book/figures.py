@@ -364,7 +364,7 @@ def plot_load_lab(rows, capacity_rows, current_chunk, current_policy, rate_per_s
     name = policy_labels.get(current_policy, current_policy)
     if len(chunked) >= 2:
         first, last = chunked[0], chunked[-1]
-        ax.set_title(f"At {rate_per_s:g} req/s ({name}): chunk {first['chunk_size']}->{last['chunk_size']} moves "
+        ax.set_title(f"At {rate_per_s:g} req/s ({name}):\nchunk {first['chunk_size']}->{last['chunk_size']} moves "
                      f"mean TPOT {first['tpot_mean_s'] * 1e3:.0f}->{last['tpot_mean_s'] * 1e3:.0f} ms, "
                      f"median TTFT {first['ttft_p50_s'] * 1e3:.0f}->{last['ttft_p50_s'] * 1e3:.0f} ms",
                      fontsize="small")

@@ -44,7 +44,7 @@ from .simulator import resolve_hardware, resolve_model, simulate
 from .workloads import LENGTH_MIXES, steady_traffic
 
 __all__ = ["CapacitySLO", "RATE_GRID", "CapacityResult", "capacity", "load_point", "sarathi_headline",
-           "save_points", "load_points", "SARATHI_POINTS_PATH"]
+           "save_points", "load_points", "SIMULATED_DIR", "SARATHI_POINTS_PATH"]
 
 # Request rates tried: 2^(k/4) req/s, from 1/16 to 64 (steps of 19%).
 RATE_GRID = tuple(2 ** (k / 4) for k in range(-16, 25))
@@ -129,7 +129,8 @@ def load_point(sched: SchedulerConfig, rate_per_s: float, lengths: str = "chat",
 # 512 requests (two minutes on two cores): chapter 7 and the tests read them instead of
 # re-running, and re-run one to show they are what the simulator computes today.
 # Refresh with `python tools/refresh_sim_points.py` after changing the simulator.
-SARATHI_POINTS_PATH = Path(__file__).resolve().parents[2] / "data" / "simulated" / "sarathi_headline_points.json"
+SIMULATED_DIR = Path(__file__).resolve().parents[2] / "data" / "simulated"
+SARATHI_POINTS_PATH = SIMULATED_DIR / "sarathi_headline_points.json"
 
 
 def save_points(cache: dict, path) -> None:
