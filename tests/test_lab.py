@@ -166,3 +166,12 @@ def test_the_shipped_lab_points_cover_chapter_7s_setting_and_are_current(monkeyp
     key = min(shipped, key=lambda k: shipped[k]["num_steps"])
     sched, lengths, model, hardware, num_requests, seed, rate = key
     assert load_point(sched, rate, lengths, model, hardware, num_requests, seed) == shipped[key]
+
+
+def test_chunk_sweep_reports_each_simulation_it_has_to_run():
+    calls = []
+    lab.chunk_sweep(LOAD, chunk_sizes=(64,), rate_per_s=3.0, on_point=calls.append)
+    assert calls == [3.0, 3.0]                                # chunk 64 and "off": both new
+    calls.clear()
+    lab.chunk_sweep(LOAD, chunk_sizes=(64,), rate_per_s=3.0, on_point=calls.append)
+    assert calls == []                                        # cached: nothing to report

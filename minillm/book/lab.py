@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt
 
 from . import figures
 from ..scheduler import SchedulerConfig
-from ..sim.capacity import SIMULATED_DIR, CapacitySLO, capacity, load_point, load_points
+from ..sim.capacity import SIMULATED_DIR, CapacitySLO, capacity, point_key, load_point, load_points
 from ..sim.simulator import resolve_hardware, resolve_model
 from ..sim.workloads import LENGTH_MIXES, Workload, long_prompt_interference
 
@@ -286,26 +286,31 @@ def lab_run(settings=None, progress: bool = False, on_step=None, **overrides) ->
     return _measured_run(settings, progress=progress, on_step=on_step)
 
 
-def _load_point(settings: LabSettings, sched: SchedulerConfig, rate: float) -> dict:
+def _load_point(settings: LabSettings, sched: SchedulerConfig, rate: float, on_point=None) -> dict:
+    if on_point is not None and point_key(sched, settings.workload, settings.model, settings.hardware,
+                                           LOAD_REQUESTS, 0, rate) not in LAB.load_points:
+        on_point(rate)                                 # a simulation is about to run: say so
     return load_point(sched, rate, settings.workload, settings.model, settings.hardware,
                       LOAD_REQUESTS, 0, LAB.load_points)
 
 
-def chunk_sweep(settings=None, chunk_sizes=CHUNK_SIZES, **overrides) -> list[dict]:
+def chunk_sweep(settings=None, chunk_sizes=CHUNK_SIZES, on_point=None, **overrides) -> list[dict]:
     """One row per chunk size (and "off").
 
     Interference: long TTFT, decoders' TPOT, p99 and max ITL; simulate mode runs
     every chunk size (each run cached), measure mode reports only the chunk
     sizes already measured (the curve fills in as the learner moves the slider).
     Under load: capacity.load_point's percentiles at settings.rate_per_s for
-    settings.policy ("off": prefill_first).
+    settings.policy ("off": prefill_first). on_point(rate): called before each
+    new simulation under load (a progress hook for the lab).
     """
     settings = _as_settings(settings, **overrides)
     rows = []
     for chunk in (*chunk_sizes, OFF):
         point = replace(settings, chunk_size=chunk)
         if settings.under_load:
-            rows.append({"chunk_size": chunk, **_load_point(settings, point.sched(), settings.rate_per_s)})
+            rows.append({"chunk_size": chunk, **_load_point(settings, point.sched(), settings.rate_per_s,
+                                                             on_point)})
         elif settings.mode == "measure":
             key = _measure_key(point)
             if key in LAB.measured:

@@ -174,6 +174,7 @@ class LabView:
         if settings.under_load:
             # a new setting runs up to ~100 simulations for the capacity view: say so
             lab_state.capacity_rows(settings, on_point=self._show_progress)
+            lab_state.chunk_sweep(settings, on_point=self._show_progress)
             self.image.value = self._render_load(settings)
         else:
             self.image.value = self._render_interference(settings)

@@ -44,7 +44,7 @@ from .simulator import resolve_hardware, resolve_model, simulate
 from .workloads import LENGTH_MIXES, steady_traffic
 
 __all__ = ["CapacitySLO", "RATE_GRID", "CapacityResult", "capacity", "load_point", "sarathi_headline",
-           "save_points", "load_points", "SIMULATED_DIR", "SARATHI_POINTS_PATH"]
+           "save_points", "load_points", "point_key", "SIMULATED_DIR", "SARATHI_POINTS_PATH"]
 
 # Request rates tried: 2^(k/4) req/s, from 1/16 to 64 (steps of 19%).
 RATE_GRID = tuple(2 ** (k / 4) for k in range(-16, 25))
@@ -82,7 +82,9 @@ class CapacitySLO:
                      or point["sched_delay_p50_s"] * 1e3 <= self.sched_delay_p50_ms))
 
 
-def _key(sched, lengths, model, hardware, num_requests, seed, rate):
+def point_key(sched, lengths, model, hardware, num_requests, seed, rate):
+    """How load_point caches a probe: the configuration, the mix, the model and
+    hardware names, the number of requests, the seed and the rate (not the SLO)."""
     name = hardware if isinstance(hardware, str) else hardware.name
     model_name = model if isinstance(model, str) else model.name
     return (sched, lengths, model_name, name, num_requests, seed, rate)
@@ -98,7 +100,7 @@ def load_point(sched: SchedulerConfig, rate_per_s: float, lengths: str = "chat",
     latency (a trial whose arrivals span less than a few request lifetimes is a
     burst, not steady traffic), throughputs. cache: a dict to memoize in (the
     lab keeps one)."""
-    key = _key(sched, lengths, model, hardware, num_requests, seed, rate_per_s)
+    key = point_key(sched, lengths, model, hardware, num_requests, seed, rate_per_s)
     if cache is not None and key in cache:
         return cache[key]
     cfg = resolve_model(model)
@@ -147,7 +149,7 @@ def load_points(path) -> dict:
     sarathi_headline, and every probe it holds is read instead of simulated."""
     try:
         entries = json.loads(Path(path).read_text())
-        return {_key(SchedulerConfig(**e["sched"]), e["lengths"], e["model"], e["hardware"],
+        return {point_key(SchedulerConfig(**e["sched"]), e["lengths"], e["model"], e["hardware"],
                      e["num_requests"], e["seed"], e["rate_per_s"]): e["point"] for e in entries}
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"path={str(path)!r}: not a file of simulated load points ({e}); "
