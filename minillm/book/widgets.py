@@ -26,7 +26,8 @@ from ..sim.hardware import PROFILES
 __all__ = ["lab", "lab_controls", "LabView", "verdict_html"]
 
 CHUNK_OPTIONS = [(str(c), c) for c in lab_state.CHUNK_SIZES] + [("off (prefill_first)", lab_state.OFF)]
-MODEL_OPTIONS = ("llama-3-8b", "llama-2-7b", "mistral-7b", "qwen3-0.6b")
+# "tiny" with "this machine (calibrated)" is the simulated twin of measure mode
+MODEL_OPTIONS = ("llama-3-8b", "llama-2-7b", "mistral-7b", "qwen3-0.6b", "tiny")
 HARDWARE_OPTIONS = [(name, name) for name in sorted(PROFILES)] + [("this machine (calibrated)", "cpu")]
 MEASURE_MODEL_OPTIONS = [("tiny (random weights, fast)", "tiny"),
                          ("SmolLM2-135M-Instruct (real weights, slower)", "smollm2-135m-instruct")]
