@@ -280,8 +280,9 @@ def paged_attention(q, k_new, v_new, k_cache, v_cache, batch: AttentionBatch,
             v = gather_kv(v_cache, batch.block_tables[b], seq_len)
             out[start:start + n] = reference_attention(q[start:start + n], k, v)
         return out
-    for rows, blocks, max_len, allowed in _decode_buckets(batch, q.device):
-        out[rows] = _decode_bucket_attention(q[rows], k_cache, v_cache, blocks, max_len, allowed)
+    for i, (rows, blocks, max_len, allowed) in enumerate(_decode_buckets(batch, q.device)):
+        gathered = batch._plan.setdefault(("gathered", i), {})      # reused by every layer of the step
+        out[rows] = _decode_bucket_attention(q[rows], k_cache, v_cache, blocks, max_len, allowed, gathered)
     for b, (start, n, cached) in enumerate(zip(starts, batch.query_lens, batch.cached_lens)):
         if n == 1 or n == 0:
             continue                                   # decodes are done above
@@ -331,19 +332,26 @@ def _decode_buckets(batch: AttentionBatch, device):
     return buckets
 
 
-def _decode_bucket_attention(q, k_cache, v_cache, blocks, max_len: int, allowed):
+def _decode_bucket_attention(q, k_cache, v_cache, blocks, max_len: int, allowed, gathered=None):
     """One SDPA call for a bucket of decodes over their padded caches.
 
     q: [B, Hq, D] -> [B, Hq, D]. The query heads sharing a KV head are folded
-    into the query rows, so GQA copies no K or V.
+    into the query rows, so GQA copies no K or V. gathered: a dict to keep the
+    gather's two buffers in, so the layers of a step reuse them.
     """
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     # index_select copies whole blocks at memory speed; the copy is the price
     # of paging without a paged kernel (flash-attn's block_table avoids it).
+    # Into the same buffers for every layer: a fresh multi-megabyte tensor per
+    # layer costs the allocator (and the OS's page faults) as much as the copy.
+    gathered = {} if gathered is None else gathered
+    if "k" not in gathered:
+        gathered["k"] = k_cache.new_empty((len(blocks), *k_cache.shape[1:]))
+        gathered["v"] = v_cache.new_empty((len(blocks), *v_cache.shape[1:]))
     shape = (num_seqs, -1, num_kv_heads, head_dim)
-    k = k_cache.index_select(0, blocks).view(shape)[:, :max_len].transpose(1, 2)   # [B, Hkv, L, D]
-    v = v_cache.index_select(0, blocks).view(shape)[:, :max_len].transpose(1, 2)
+    k = torch.index_select(k_cache, 0, blocks, out=gathered["k"]).view(shape)[:, :max_len].transpose(1, 2)
+    v = torch.index_select(v_cache, 0, blocks, out=gathered["v"]).view(shape)[:, :max_len].transpose(1, 2)
     q_grouped = q.reshape(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [B, Hkv, g, D]
     out = _fused_attention(q_grouped, k, v, attn_mask=allowed)
     return out.reshape(num_seqs, num_heads, head_dim)
