@@ -417,10 +417,16 @@ def mark_load_lab_setting(fig, capacity_rows, current_chunk, current_policy, tit
                                          edgecolors="black", linewidths=2, zorder=4))
     elif here is not None:
         marks.append(capacity_ax.axhline(here["capacity_req_s"], color="black", linewidth=3, alpha=0.25))
+    marks.append(fig.suptitle(title, fontsize="small"))
     for artist in marks:
         artist.set_gid(CURRENT_SETTING)
-    marks.append(fig.suptitle(title, fontsize="small"))
     return marks
+
+
+def current_setting_artists(fig) -> list:
+    """What mark_load_lab_setting drew last: the marks and the title."""
+    artists = [*fig.texts] + [a for ax in fig.axes[:2] for a in [*ax.lines, *ax.collections]]
+    return [a for a in artists if a.get_gid() == CURRENT_SETTING]
 
 
 def _chunk_axis(ax, chunk_sizes):

@@ -20,6 +20,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from . import figures
 from . import lab as lab_state
 from ..sim.hardware import PROFILES
 
@@ -214,7 +215,7 @@ class LabView:
             self.figure = lab_state.lab_figure(settings, fig=self.figure)
             self.figure.set_dpi(RENDER_DPI)
             canvas = FigureCanvasAgg(self.figure)
-            moving = lab_state.mark_load_setting(self.figure, settings)
+            moving = figures.current_setting_artists(self.figure)   # lab_figure drew them already
             for artist in moving:
                 artist.set_animated(True)          # left out of the full draw below
             canvas.draw()

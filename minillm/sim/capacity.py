@@ -127,9 +127,10 @@ def load_point(sched: SchedulerConfig, rate_per_s: float, lengths: str = "chat",
     return point
 
 
-# Load points the simulator computed ahead of time for sarathi_headline's 21 probes of
-# 512 requests (two minutes on two cores): chapter 7 and the tests read them instead of
-# re-running, and re-run one to show they are what the simulator computes today.
+# Load points the simulator computed ahead of time (sarathi_headline's 20 probes of 512
+# requests, the lab's default setting: minutes on two cores): chapter 7 and the tests
+# read them instead of re-running, and re-run one to show they are what the simulator
+# computes today.
 # Refresh with `python tools/refresh_sim_points.py` after changing the simulator.
 SIMULATED_DIR = Path(__file__).resolve().parents[2] / "data" / "simulated"
 SARATHI_POINTS_PATH = SIMULATED_DIR / "sarathi_headline_points.json"
