@@ -27,7 +27,11 @@ from .kv_cache import blocks_for, gather_kv
 
 BACKENDS = ("reference", "sdpa", "flash")
 FLASH_BLOCK_MULTIPLE = 256  # flash-attn's paged KV needs page sizes divisible by 256
-DECODE_BUCKET = 8           # decodes per padded SDPA call (sorted by length)
+DECODE_BUCKET = 8           # decodes per padded SDPA call at most (sorted by length)
+# What one more SDPA call (and its gather) costs, in padded cached tokens of
+# one sequence: on a 2-core CPU a call's fixed price (~50-80 us per layer) buys
+# roughly a thousand tokens of K/V reads. Buckets split where padding costs more.
+DECODE_CALL_COST_TOKENS = 1024
 
 
 # ---------------------------------------------------------------------------
@@ -298,14 +302,40 @@ def paged_attention(q, k_new, v_new, k_cache, v_cache, batch: AttentionBatch,
     return out
 
 
+def split_decodes(seq_lens: list[int], max_bucket: int = DECODE_BUCKET,
+                  call_cost_tokens: int = DECODE_CALL_COST_TOKENS) -> list[tuple[int, int]]:
+    """Cut decodes sorted by length into buckets: [(start, stop), ...].
+
+    A bucket pads every request to its longest, so it costs about
+    call_cost_tokens + size x longest. Four decodes over 200 tokens batched
+    with one over 2,100 would read 5 x 2,100 keys; split, 4 x 200 + 2,100.
+    The cheapest cut, found by dynamic programming over the sorted lengths
+    (at most max_bucket per bucket, so ~max_bucket x n steps of work).
+    """
+    n = len(seq_lens)
+    best = [0.0] + [math.inf] * n            # best[j]: cheapest cut of the first j
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(max(0, j - max_bucket), j):
+            cost = best[i] + call_cost_tokens + (j - i) * seq_lens[j - 1]
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    spans, j = [], n
+    while j > 0:
+        spans.append((cut[j], j))
+        j = cut[j]
+    return spans[::-1]
+
+
 def _decode_buckets(batch: AttentionBatch, device):
     """Decodes in padded buckets of similar length, planned once per step.
 
     Returns [(rows [B], blocks [B * max_blocks], L, allowed [B, 1, 1, L] or None)]
     with L the longest sequence of the bucket:
     one SDPA call per bucket instead of one per request. Sorting by length
-    keeps the padding small; a bucket whose requests all have the same length
-    needs no mask.
+    and cutting where padding would cost more than another call
+    (split_decodes) keeps the padding small; a bucket whose requests all have
+    the same length needs no mask.
     """
     if "decodes" in batch._plan:
         return batch._plan["decodes"]
@@ -313,8 +343,8 @@ def _decode_buckets(batch: AttentionBatch, device):
     decodes = sorted((b for b, n in enumerate(batch.query_lens) if n == 1),
                      key=lambda b: batch.seq_lens[b])
     buckets = []
-    for i in range(0, len(decodes), DECODE_BUCKET):
-        bucket = decodes[i:i + DECODE_BUCKET]
+    for start, stop in split_decodes([batch.seq_lens[b] for b in decodes]):
+        bucket = decodes[start:stop]
         seq_lens = [batch.seq_lens[b] for b in bucket]
         width = blocks_for(max(seq_lens), batch.block_size)
         tables = torch.zeros(len(bucket), width, dtype=torch.long)

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 from minillm import attention
-from minillm.attention import (AttentionBatch, causal_mask, gather_kv, merge_attention,
+from minillm.attention import (AttentionBatch, causal_mask, gather_kv, merge_attention, split_decodes,
                                paged_attention, reference_attention, sdpa_attention, write_kv)
 from minillm.kv_cache import BlockManager
 
@@ -270,7 +270,24 @@ def test_decodes_of_one_length_need_no_mask_and_of_many_lengths_one_per_bucket(m
     calls.clear()
     args, _ = _packed_step([1] * 10, list(range(3, 13)))
     paged_attention(*args, backend="sdpa")
-    assert len(calls) == 2 and all(has_mask for *_, has_mask in calls)   # buckets of 8 and 2
+    assert len(calls) == 2 and all(has_mask for *_, has_mask in calls)   # buckets of 5 and 5
+
+
+def test_a_long_decode_is_not_padded_onto_short_ones(monkeypatch):
+    # One decode over 2,100 tokens batched with four over 200 would read 5 x 2,100
+    # keys; the bucket is cut so the short ones read only their own.
+    assert split_decodes([200] * 4 + [2100]) == [(0, 4), (4, 5)]
+    assert split_decodes([40] * 8) == [(0, 8)]                        # alike: one call
+    assert split_decodes([40] * 9) == [(0, 1), (1, 9)]                # at most 8 per call
+    assert split_decodes([]) == []
+    lens = [3, 900, 5, 4, 1200, 6]
+    cuts = split_decodes(sorted(lens))
+    assert [i for span in cuts for i in range(*span)] == list(range(len(lens)))   # every decode once
+    calls = _record_sdpa_calls(monkeypatch)
+    args, seqs = _packed_step([1] * len(lens), [n - 1 for n in lens], block_size=16)
+    torch.testing.assert_close(paged_attention(*args, backend="sdpa"),
+                               torch.cat([_loop_attention(*s) for s in seqs]), atol=1e-10, rtol=0)
+    assert sorted(k_len for _, k_len, *_ in calls) == [6, 1200]      # short ones padded to 6 only
 
 
 # ---- cache helpers and bad input -----------------------------------------------

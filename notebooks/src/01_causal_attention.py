@@ -363,7 +363,9 @@ for backend in ["reference", "sdpa"]:
 # from the pool as a view when its blocks are consecutive (the model reads it once per
 # step for every layer, copying only when the blocks are scattered). Decodes go in
 # buckets of up to 8 of similar length, one call per bucket, their caches padded to the
-# longest; the padding mask of each bucket is planned once per step, and a bucket whose
+# longest. Where padding would read more keys than another call costs, the bucket is cut
+# (`split_decodes`: one decode over 2,100 tokens does not drag four over 200 up to its
+# length). The padding mask of each bucket is planned once per step, and a bucket whose
 # requests have one length needs none. A third backend, `flash`, calls flash-attn's varlen kernel
 # straight on the paged cache. It exists only on CUDA machines with the `flash-attn`
 # package, computes in float16 or bfloat16 only, and its paged mode needs blocks of a
