@@ -28,14 +28,37 @@ def test_held_out_shapes_are_new_and_cover_prefill_decode_and_mixed_steps():
 
 def test_fit_recovers_known_factors_from_noise_free_times():
     cfg = ModelConfig.preset("tiny")
-    truth = basis_hardware(1 / 5e10, 1 / 8e9, 2e-6, 1e-3, per_seq_s=3e-4)
+    # attention at 2/5 of the GEMMs' FLOP rate, its K/V reads at 1/8 of the weights' bandwidth
+    truth = basis_hardware(1 / 5e10, 1 / 8e9, 2e-6, 1e-3, per_seq_s=3e-4,
+                           attention_flops_inv=1 / 2e10, attention_bytes_inv=1 / 1e9)
+    assert truth.attention_efficiency == pytest.approx(0.4)
+    assert truth.attention_bandwidth_efficiency == pytest.approx(0.125)
     shapes = evaluation_shapes()
     times = predict_step_times(cfg, shapes, truth, dtype_bytes=4)
     fitted = fit_step_model(cfg, shapes, times, dtype_bytes=4)
     again = predict_step_times(cfg, shapes, fitted, dtype_bytes=4)
     assert max(abs(a - t) / t for a, t in zip(again, times)) < 1e-6
-    assert fitted.peak_flops_s == pytest.approx(5e10, rel=1e-4)
+    # Attention's two rates and the per-sequence cost are identifiable. The GEMM
+    # FLOP rate, bandwidth, launch and step costs are not quite: every step of one
+    # model runs the same kernels and streams the same weights, so their columns
+    # are nearly collinear (any mix that predicts the same steps will do).
+    attention_rate = fitted.peak_flops_s * fitted.attention_efficiency
+    read_rate = fitted.attention_bandwidth_bytes_s
+    assert attention_rate == pytest.approx(2e10, rel=1e-3)
+    assert read_rate == pytest.approx(1e9, rel=1e-3)
     assert fitted.per_seq_overhead_s == pytest.approx(3e-4, rel=1e-3)
+    assert fitted.peak_flops_s == pytest.approx(5e10, rel=0.05)
+
+
+def test_attention_reads_default_to_the_weights_bandwidth():
+    cfg = ModelConfig.preset("tiny")
+    plain = hardware.Hardware("x", 1e12, 1e11, bandwidth_efficiency=0.5)
+    assert plain.attention_bandwidth_bytes_s == 5e10
+    slow_reads = plain.replace(attention_bandwidth_efficiency=0.05)
+    decode = [(1, 3000)] * 4
+    assert predict_step(cfg, decode, slow_reads, 4).total > predict_step(cfg, decode, plain, 4).total
+    with pytest.raises(ValueError, match="attention_bandwidth_efficiency"):
+        plain.replace(attention_bandwidth_efficiency=1.5)
 
 
 @pytest.fixture(scope="module")
@@ -53,17 +76,15 @@ def test_measure_step_times_times_real_steps(tiny_model):
 
 def test_calibrate_predicts_held_out_engine_steps_within_30_percent(tmp_path, tiny_model):
     # The public path: calibrate() -> predict_step, against real steps of shapes
-    # the fit never saw. Best of several runs on both sides: other processes only add time.
-    # Issue 13 asks for 10%. On a quiet reference machine, fitting on one round of
-    # timings and predicting the held-out shapes timed then and in two later rounds
-    # gave 6.3-14.5% (10.3% on average; an unfitted roofline misses by ~56%), and the
-    # same step timed 30 s apart differs by 7.7% (median): 10% is this machine's noise
-    # floor. 30% is what a shared CI machine can promise; the README has the numbers.
+    # the fit never saw, timed right after (each step's median of 5, as calibrate() fits).
+    # Issue 13 asks for 10%. On the reference machine (bench simulator, README section 3):
+    # 3.3-5.8% while the machine keeps its speed; 8-17% while the same steps themselves
+    # move 9-23% from one minute to the next. 30% is what a shared CI machine can promise.
     hw = hardware.calibrate(device="cpu", repeats=5, progress=False, cache_path=tmp_path / "hw.json",
                             force=True)
     model = tiny_model
     shapes = evaluation_shapes()
-    measured = measure_step_times(model, shapes, repeats=5)
+    measured = measure_step_times(model, shapes, repeats=5, statistic="median")
     predicted = [predict_step(model.cfg, step_shape(*s), hw, dtype_bytes=4).total for s in shapes]
     errors = [abs(e) for e in relative_errors(measured, predicted)]
     assert statistics.median(errors) < 0.30, f"median |error| {statistics.median(errors):.0%}"
@@ -71,7 +92,7 @@ def test_calibrate_predicts_held_out_engine_steps_within_30_percent(tmp_path, ti
 
 def test_calibrate_measures_once_then_reads_the_cache(tmp_path):
     path = tmp_path / "hw.json"
-    shapes = [(0, 1, 8), (0, 3, 8), (8, 1, 8), (16, 2, 0), (32, 1, 16), (4, 4, 4)]
+    shapes = [(0, 1, 8), (0, 3, 8), (8, 1, 8), (16, 2, 0), (32, 1, 16), (4, 4, 4), (0, 2, 64)]
     hw = hardware.calibrate(device="cpu", repeats=1, progress=False, cache_path=path, force=True, shapes=shapes)
     assert hw.peak_flops_s > 0 and hw.mem_bandwidth_bytes_s > 0 and "fitted" in hw.name
     assert path.exists()
@@ -87,3 +108,25 @@ def test_calibrate_measures_once_then_reads_the_cache(tmp_path):
 def test_calibrate_rejects_bad_arguments(tmp_path, kwargs, arg):
     with pytest.raises(ValueError, match=arg):
         hardware.calibrate(device="cpu", cache_path=tmp_path / "x.json", force=True, **kwargs)
+
+
+def test_the_cost_model_counts_bytes_at_the_hardware_dtype_by_default():
+    # A CPU calibrated in float32 streams 4-byte weights; simulating it at 2 bytes a
+    # weight once made the lab's "this machine" decode steps ~40% too fast.
+    cfg = ModelConfig.preset("tiny")
+    fp32 = basis_hardware(1 / 5e10, 1 / 8e9, 2e-6, 1e-3)
+    assert fp32.dtype == "float32" and fp32.dtype_bytes == 4
+    decode = [(1, 512)] * 4
+    assert predict_step(cfg, decode, fp32).total == predict_step(cfg, decode, fp32, 4).total
+    assert predict_step(cfg, decode, fp32, 2).total < predict_step(cfg, decode, fp32).total
+    assert hardware.get_hardware("A100-80GB").dtype_bytes == 2
+
+
+def test_simulate_counts_bytes_at_the_hardware_dtype_by_default():
+    from minillm.sim import workloads
+    from minillm.sim.simulator import simulate
+    fp32 = basis_hardware(1 / 5e10, 1 / 8e9, 2e-6, 1e-3).replace(memory_bytes=2e9)
+    workload = workloads.long_prompt_interference(prompt_len=256, num_decoders=2)
+    default = simulate(workload, model="tiny", hardware=fp32).summary()["duration_s"]
+    assert default == simulate(workload, model="tiny", hardware=fp32, dtype_bytes=4).summary()["duration_s"]
+    assert simulate(workload, model="tiny", hardware=fp32, dtype_bytes=2).summary()["duration_s"] < default

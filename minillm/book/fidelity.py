@@ -15,7 +15,7 @@ from ..sim.calibration import (calibration_shapes, evaluation_shapes, fit_step_m
                                predict_step_times, relative_errors, step_shape)
 
 __all__ = ["step_shape", "calibration_shapes", "evaluation_shapes", "measure_step_times",
-           "predict_step_times", "fit_step_model", "relative_errors", "run_cpu_fidelity"]
+           "predict_step_times", "fit_step_model", "relative_errors", "run_cpu_fidelity", "run_calibrate_check"]
 
 
 def _roofline_hardware(model, repeats: int = 3):
@@ -41,14 +41,17 @@ def _roofline_hardware(model, repeats: int = 3):
         return best
     peak = 2 * n ** 3 / best_s(lambda: torch.mm(a, a))
     bandwidth = 2 * numel * model.dtype.itemsize / best_s(lambda: dst.copy_(src))
-    return Hardware("this device (matmul and copy peaks)", peak, bandwidth, dtype=str(model.dtype))
+    return Hardware("this device (matmul and copy peaks)", peak, bandwidth,
+                    dtype=str(model.dtype).removeprefix("torch."))
 
 
 def run_cpu_fidelity(model=None, repeats: int = 5, eval_shapes=None, calib_shapes=None,
-                     include_calibrate: bool = True, progress: bool = False, seed: int = 0) -> dict:
+                     include_calibrate: bool = True, progress: bool = False, seed: int = 0,
+                     statistic: str = "median") -> dict:
     """Measure, fit and evaluate on this machine; returns the numbers (times in seconds).
 
     model: a built model (default: the built-in "tiny" in float32 on the CPU).
+    statistic: each step's "median" (as calibrate() fits) or "min" of `repeats` runs.
     Keys: median_abs_rel_error (fitted factors on the evaluation sweep),
     p90_abs_rel_error, calibrate_median_abs_rel_error (a plain roofline of
     measured matmul and copy peaks, when include_calibrate), hardware (the
@@ -68,7 +71,7 @@ def run_cpu_fidelity(model=None, repeats: int = 5, eval_shapes=None, calib_shape
     eval_shapes = list(eval_shapes or evaluation_shapes())
     t0 = time.perf_counter()
     # one round-robin over both sweeps: the same background load for both
-    measured = measure_step_times(model, calib_shapes + eval_shapes, repeats, seed, progress)
+    measured = measure_step_times(model, calib_shapes + eval_shapes, repeats, seed, progress, statistic)
     calib_measured, eval_measured = measured[:len(calib_shapes)], measured[len(calib_shapes):]
     fitted = fit_step_model(cfg, calib_shapes, calib_measured, dtype_bytes)
     predicted = predict_step_times(cfg, eval_shapes, fitted, dtype_bytes)
@@ -92,4 +95,43 @@ def run_cpu_fidelity(model=None, repeats: int = 5, eval_shapes=None, calib_shape
         result["calibrate_median_abs_rel_error"] = percentile(
             [abs(e) for e in relative_errors(eval_measured, raw)], 50)
     result["seconds"] = time.perf_counter() - t0
+    return result
+
+
+def run_calibrate_check(rounds: int = 2, repeats: int = 5, progress: bool = False) -> dict:
+    """The public path, as a learner meets it: calibrate() (measured afresh into a
+    temporary cache), then predict_step against the held-out sweep timed right after.
+
+    Each round calibrates and evaluates once; every round's evaluation is also
+    scored against every earlier round's fit, and the evaluation sweeps are
+    compared with each other: how much the machine itself moved between rounds
+    (median |change| of the same steps), which no fit can predict.
+    Keys: errors [(fit round, eval round, median |error|)], drift [(round a,
+    round b, median |change|)], calibrate_s, eval_s (per round).
+    """
+    import tempfile
+
+    import torch
+
+    from ..loader import build_model
+    from ..sim.hardware import calibrate
+
+    model = build_model("tiny", seed=0, dtype=torch.float32, device="cpu")
+    shapes = evaluation_shapes()
+    fits, evals, result = [], [], {"errors": [], "drift": [], "calibrate_s": [], "eval_s": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds):
+            t0 = time.perf_counter()
+            fits.append(calibrate(device="cpu", repeats=repeats, progress=progress, force=True,
+                                  cache_path=f"{tmp}/round{r}.json"))
+            t1 = time.perf_counter()
+            evals.append(measure_step_times(model, shapes, repeats, seed=r, statistic="median"))
+            result["calibrate_s"].append(t1 - t0)
+            result["eval_s"].append(time.perf_counter() - t1)
+            for i, fitted in enumerate(fits):
+                predicted = predict_step_times(model.cfg, shapes, fitted, model.dtype.itemsize)
+                errors = [abs(e) for e in relative_errors(evals[r], predicted)]
+                result["errors"].append((i, r, percentile(errors, 50)))
+            for i in range(r):
+                result["drift"].append((i, r, percentile([abs(e) for e in relative_errors(evals[i], evals[r])], 50)))
     return result

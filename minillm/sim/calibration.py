@@ -6,18 +6,23 @@ device. The recipe:
 
 1. time steps of the built-in model over a sweep of shapes (a prefill chunk
    of C tokens over c cached ones, plus N decodes over c cached tokens each),
-   the fastest of a few round-robin repeats, each step built by
+   the median (or the fastest) of a few round-robin repeats, each round in a
+   new order, each step built by
    `prefill.prepare_step`;
-2. fit effective FLOP/s, bandwidth, per-kernel, per-step and per-sequence
-   overheads by least squares on the relative error. With an additive blend
-   (overlap_exponent = 1) and no tiles or floors, predict_step's time is
-   LINEAR in (1/FLOP/s, 1/bandwidth, launch cost, step overhead, per-sequence
-   overhead), so the fit is exact linear algebra over predict_step itself;
+2. fit effective GEMM FLOP/s, bandwidth, per-kernel, per-step and
+   per-sequence overheads, and attention's own FLOP/s and K/V read bandwidth
+   (a decode over a long context on a CPU costs far more than its bytes at
+   the weights' bandwidth: the paged cache is gathered, then read by a kernel
+   that runs well below peak for one query row), by least squares on the
+   relative error. With an additive blend (overlap_exponent = 1) and no tiles
+   or floors, predict_step's time is LINEAR in these seven (FACTORS), so the
+   fit is exact linear algebra over predict_step itself;
 3. judge it on shapes the fit did not see (evaluation_shapes): the book
    (fidelity.py) and the tests report the median |relative error|.
 """
 from __future__ import annotations
 
+import random
 import statistics
 import time
 
@@ -25,7 +30,7 @@ from .cost_model import predict_step
 from .hardware import Hardware
 
 __all__ = ["step_shape", "calibration_shapes", "evaluation_shapes", "measure_step_times",
-           "predict_step_times", "fit_step_model", "relative_errors", "basis_hardware"]
+           "predict_step_times", "fit_step_model", "relative_errors", "basis_hardware", "FACTORS"]
 
 _HUGE = 1e30             # a peak so high that its term vanishes: the fit dropped that factor
 
@@ -42,16 +47,17 @@ def step_shape(chunk: int, num_decodes: int, num_cached: int) -> list[tuple[int,
 
 
 def calibration_shapes() -> list[tuple[int, int, int]]:
-    """(chunk, num_decodes, num_cached) for fitting: corners and middles of the space."""
-    return [(c, n, k) for c in (0, 32, 128, 384) for n in (1, 6) for k in (32, 384)
-            if c or n]
+    """(chunk, num_decodes, num_cached) for fitting: corners and middles of the space,
+    chunks from 16 to 768 tokens, contexts up to where attention's K/V reads
+    dominate a decode."""
+    return [(c, n, k) for c in (0, 16, 64, 256, 768) for n in (1, 6) for k in (32, 384, 2048)]
 
 
 def evaluation_shapes() -> list[tuple[int, int, int]]:
-    """A different sweep (no shape in common with calibration_shapes) to judge the fit:
-    decode-only, prefill-heavy and mixed steps."""
-    return [(c, n, k) for c in (0, 16, 64, 256, 512) for n in (2, 4) for k in (64, 256)
-            if c or n]
+    """A different sweep (no shape in common with calibration_shapes: other chunk
+    sizes, decode counts and contexts) to judge the fit: decode-only,
+    prefill-heavy and mixed steps, over short and long contexts."""
+    return [(c, n, k) for c in (0, 32, 128, 384, 512) for n in (2, 4) for k in (64, 256, 1024, 3000)]
 
 
 def measure_step_times(model, shapes, repeats: int = 5, seed: int = 0, progress: bool = False,
@@ -59,8 +65,10 @@ def measure_step_times(model, shapes, repeats: int = 5, seed: int = 0, progress:
     """Seconds of one real engine step for each (chunk, num_decodes, num_cached).
 
     Every step is built first (prefill.prepare_step), then the sweep is
-    timed round-robin `repeats` times, so a burst of load from another process
-    hits different shapes, not all repeats of one. statistic="min" (default:
+    timed round-robin `repeats` times, each time in a new (seeded) order, so a
+    burst of load from another process, or a slow minute of the machine, hits
+    different shapes, not all repeats of one or every large shape of the
+    sweep. statistic="min" (default:
     other processes only ever ADD time, so the fastest run is the step's own
     cost) or "median".
     """
@@ -81,12 +89,15 @@ def measure_step_times(model, shapes, repeats: int = 5, seed: int = 0, progress:
         for run in runs:                            # warm-up
             run()
         synchronize(model.device)
+        order = list(range(len(shapes)))
+        shuffle = random.Random(seed).shuffle
         for _ in tqdm(range(repeats), desc="timing steps", disable=not progress, leave=False):
-            for run, times in zip(runs, samples):
+            shuffle(order)
+            for i in order:
                 t0 = time.perf_counter()
-                run()
+                runs[i]()
                 synchronize(model.device)
-                times.append(time.perf_counter() - t0)
+                samples[i].append(time.perf_counter() - t0)
     pick = min if statistic == "min" else statistics.median
     return [pick(times) for times in samples]
 
@@ -96,23 +107,50 @@ def predict_step_times(cfg, shapes, hardware, dtype_bytes: int = 4) -> list[floa
     return [predict_step(cfg, step_shape(*s), hardware, dtype_bytes).total for s in shapes]
 
 
+def _rates(inv_a: float, inv_b: float) -> tuple[float, float, float]:
+    """Two costs per unit (seconds per FLOP, or per byte; 0 = free) as the faster
+    rate and each one's fraction of it: (peak, efficiency_a, efficiency_b)."""
+    rate_a = 1 / inv_a if inv_a else _HUGE
+    rate_b = 1 / inv_b if inv_b else _HUGE
+    peak = max(rate_a, rate_b)
+    return peak, rate_a / peak, rate_b / peak
+
+
 def basis_hardware(flops_inv: float, bytes_inv: float, launch_s: float, overhead_s: float,
-                   per_seq_s: float = 0.0, name: str = "basis") -> Hardware:
-    """A Hardware on which predict_step is additive and linear in its five factors
-    (seconds per FLOP, per byte, per kernel, per step, per sequence)."""
-    return Hardware(name, peak_flops_s=1 / flops_inv if flops_inv else _HUGE,
-                    mem_bandwidth_bytes_s=1 / bytes_inv if bytes_inv else _HUGE,
-                    overlap_exponent=1.0, kernel_launch_s=launch_s, step_overhead_s=overhead_s,
-                    per_seq_overhead_s=per_seq_s, dtype="float32")
+                   per_seq_s: float = 0.0, name: str = "basis", attention_flops_inv: float | None = None,
+                   attention_bytes_inv: float | None = None) -> Hardware:
+    """A Hardware on which predict_step is additive and linear in its factors:
+    seconds per GEMM FLOP, per byte of weights and activations, per kernel, per
+    step, per sequence, and per attention FLOP and per byte of K/V attention
+    reads (None: as for GEMMs and weights)."""
+    attn_flops_inv = flops_inv if attention_flops_inv is None else attention_flops_inv
+    attn_bytes_inv = bytes_inv if attention_bytes_inv is None else attention_bytes_inv
+    peak, gemm_eff, attn_eff = _rates(flops_inv, attn_flops_inv)
+    bandwidth, bw_eff, attn_bw_eff = _rates(bytes_inv, attn_bytes_inv)
+    return Hardware(name, peak_flops_s=peak, mem_bandwidth_bytes_s=bandwidth, gemm_efficiency=gemm_eff,
+                    attention_efficiency=attn_eff, bandwidth_efficiency=bw_eff,
+                    attention_bandwidth_efficiency=attn_bw_eff, overlap_exponent=1.0,
+                    kernel_launch_s=launch_s, step_overhead_s=overhead_s, per_seq_overhead_s=per_seq_s,
+                    dtype="float32")
+
+
+# The fit's factors, in basis_hardware's order; the last two are attention's own.
+FACTORS = ("flops_inv", "bytes_inv", "launch_s", "overhead_s", "per_seq_s",
+           "attention_flops_inv", "attention_bytes_inv")
+
+
+def _basis(i: int) -> Hardware:
+    """The hardware on which only factor i costs anything (one second per unit)."""
+    values = dict.fromkeys(FACTORS, 0.0)
+    values[FACTORS[i]] = 1.0
+    return basis_hardware(**values)
 
 
 def _design_row(cfg, shape, dtype_bytes) -> list[float]:
-    """Coefficients of the five factors in the predicted time of one step."""
+    """Coefficients of the factors in the predicted time of one step."""
     steps = step_shape(*shape)
-    basis = [basis_hardware(1.0, 0, 0, 0), basis_hardware(0, 1.0, 0, 0), basis_hardware(0, 0, 1.0, 0),
-             basis_hardware(0, 0, 0, 1.0), basis_hardware(0, 0, 0, 0, 1.0)]
     # the huge-peak basis leaves ~1e-30-scaled residues in the other terms: negligible
-    return [predict_step(cfg, steps, hw, dtype_bytes).total for hw in basis]
+    return [predict_step(cfg, steps, _basis(i), dtype_bytes).total for i in range(len(FACTORS))]
 
 
 def fit_step_model(cfg, shapes, measured_s, dtype_bytes: int = 4,
@@ -120,9 +158,9 @@ def fit_step_model(cfg, shapes, measured_s, dtype_bytes: int = 4,
     """Least squares on relative error over measured steps; factors kept >= 0."""
     import numpy as np
 
-    if len(shapes) != len(measured_s) or len(shapes) < 5:
-        raise ValueError(f"need as many measurements as shapes, at least 5 (got {len(shapes)} shapes, "
-                         f"{len(measured_s)} times)")
+    if len(shapes) != len(measured_s) or len(shapes) < len(FACTORS):
+        raise ValueError(f"need as many measurements as shapes, at least {len(FACTORS)} (one per factor; "
+                         f"got {len(shapes)} shapes, {len(measured_s)} times)")
     a = np.array([_design_row(cfg, s, dtype_bytes) for s in shapes], dtype=np.float64)
     y = np.asarray(measured_s, dtype=np.float64)
     a_rel, ones = a / y[:, None], np.ones_like(y)           # minimise sum ((pred - y) / y)^2
@@ -134,7 +172,7 @@ def fit_step_model(cfg, shapes, measured_s, dtype_bytes: int = 4,
         active.pop(int(np.argmin(coef)))
     x = np.zeros(a.shape[1])
     x[active] = np.clip(coef, 0, None)
-    hw = basis_hardware(*(float(v) for v in x), name=name)
+    hw = basis_hardware(**{f: float(v) for f, v in zip(FACTORS, x)}, name=name)
     return hw.replace(source="calibration.fit_step_model: least squares over measured engine steps")
 
 

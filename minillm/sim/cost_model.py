@@ -102,17 +102,19 @@ def layer_linear_times_s(cfg: ModelConfig, num_tokens: int, hw: Hardware,
 
 # ---- one step ----------------------------------------------------------------
 
-def predict_step(cfg, requests, hardware="H100-SXM", dtype_bytes: int = 2) -> StepTime:
+def predict_step(cfg, requests, hardware="H100-SXM", dtype_bytes: int | None = None) -> StepTime:
     """Predicted seconds of one step of a packed batch on `hardware`.
 
     requests: [(num_new_tokens, num_cached_tokens[, samples]), ...] as in
     accounting.step_cost. hardware: a profile name or a Hardware object (such
-    as hardware.calibrate()). Each operation takes the blended max of its
+    as hardware.calibrate()). dtype_bytes: bytes per weight and KV element;
+    None: the profile's own dtype (2 for the GPUs' bfloat16, 4 for a CPU
+    calibrated in float32). Each operation takes the blended max of its
     compute and memory times (see the module docstring); by_op sums over layers.
     """
     cfg = _check_cfg(cfg)
     hw = get_hardware(hardware)
-    b = _check_dtype_bytes(dtype_bytes)
+    b = _check_dtype_bytes(hw.dtype_bytes if dtype_bytes is None else dtype_bytes)
     reqs = normalize_step(requests)
     num_tokens = sum(n for n, _, _ in reqs)
     num_sampled = sum(1 for _, _, s in reqs if s)
@@ -127,7 +129,7 @@ def predict_step(cfg, requests, hardware="H100-SXM", dtype_bytes: int = 2) -> St
     attn_flops = (cost.by_op["attn_scores"][0] + cost.by_op["attn_values"][0]) / layers
     attn_bytes = (cost.by_op["attn_scores"][1] + cost.by_op["attn_values"][1]) / layers
     attn_s = _blend(attn_flops / (hw.peak_flops_s * hw.attention_efficiency),
-                    attn_bytes / (hw.mem_bandwidth_bytes_s * hw.bandwidth_efficiency),
+                    attn_bytes / hw.attention_bandwidth_bytes_s,
                     hw.overlap_exponent) + hw.kernel_launch_s
     attn_s = max(attn_s, hw.kernel_floor_s)
     by_op = {

@@ -32,6 +32,10 @@ from ..validation import check_int, check_real
 __all__ = ["Hardware", "PROFILES", "get_hardware", "calibrate", "cache_dir"]
 
 
+# Bytes per element of the dtypes a profile names; the cost model's default width.
+DTYPE_WIDTHS = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "int8": 1}
+
+
 @dataclass(frozen=True)
 class Hardware:
     name: str
@@ -43,6 +47,9 @@ class Hardware:
     gemm_efficiency: float = 1.0         # fraction of peak a large, well-shaped GEMM sustains
     attention_efficiency: float = 1.0    # fraction of peak a flash-attention kernel sustains
     bandwidth_efficiency: float = 1.0    # fraction of bandwidth a weight-streaming GEMV sustains
+    # fraction of bandwidth attention's K/V reads sustain; None: as bandwidth_efficiency.
+    # On a CPU a paged cache is gathered (copied) before the attention kernel reads it.
+    attention_bandwidth_efficiency: float | None = None
     gemm_tile_m: int = 1                 # GEMM M (tokens) is padded to a multiple of this
     gemm_tile_n: int = 1                 # GEMM N (output features) padded to a multiple of this
     overlap_exponent: float = 1e9        # p in (t_compute^p + t_memory^p)^(1/p); huge = max()
@@ -55,8 +62,21 @@ class Hardware:
     def __post_init__(self):
         for arg in ("peak_flops_s", "mem_bandwidth_bytes_s"):
             check_real(arg, getattr(self, arg), 0, exclusive_minimum=True)
-        for arg in ("gemm_efficiency", "attention_efficiency", "bandwidth_efficiency"):
-            check_real(arg, getattr(self, arg), 0, 1, exclusive_minimum=True, hint="a fraction such as 0.7")
+        for arg in ("gemm_efficiency", "attention_efficiency", "bandwidth_efficiency",
+                    "attention_bandwidth_efficiency"):
+            check_real(arg, getattr(self, arg), 0, 1, exclusive_minimum=True, hint="a fraction such as 0.7",
+                       allow_none=arg == "attention_bandwidth_efficiency")
+
+    @property
+    def dtype_bytes(self) -> int:
+        """Bytes per element of the dtype the profile was measured at (bfloat16: 2)."""
+        return DTYPE_WIDTHS.get(self.dtype, 2)
+
+    @property
+    def attention_bandwidth_bytes_s(self) -> float:
+        """Bytes/s at which attention reads the KV cache."""
+        eff = self.attention_bandwidth_efficiency
+        return self.mem_bandwidth_bytes_s * (self.bandwidth_efficiency if eff is None else eff)
 
     @property
     def ridge_point(self) -> float:
@@ -120,22 +140,28 @@ def cache_dir() -> Path:
 
 
 def calibrate(device=None, dtype=None, force: bool = False, repeats: int = 5, progress: bool = True,
-              cache_path: str | Path | None = None, shapes=None) -> Hardware:
+              cache_path: str | Path | None = None, shapes=None, statistic: str = "median") -> Hardware:
     """This machine's profile, fitted to measured steps of the real engine; cached.
 
     Times the built-in "tiny" model's steps over calibration.calibration_shapes()
-    (or `shapes`: (chunk, num_decodes, num_cached) triples), the fastest of
-    `repeats` round-robin runs each, and fits effective FLOP/s, bandwidth and
-    per-kernel, per-step and per-sequence overheads (calibration.fit_step_model).
+    (or `shapes`: (chunk, num_decodes, num_cached) triples), the median
+    (statistic="median") or fastest ("min") of `repeats` round-robin runs each,
+    and fits effective FLOP/s, bandwidth,
+    per-kernel, per-step and per-sequence overheads, and attention's own FLOP/s
+    and K/V read bandwidth (calibration.fit_step_model).
     So predict_step and simulate on the result predict the real engine on this
     device, for shapes the fit did not see too (tests/test_calibration.py).
+    The median, because the engine's steps run at the machine's typical speed,
+    not its best: on a shared 2-core machine the fastest of five runs is
+    5-15% quicker than the typical one, and a profile fitted to it simulates
+    the engine that much too fast.
     Cached in this process and on disk (cache_dir(), keyed by device, dtype,
     torch version and the shapes); force=True measures again.
     """
     import torch
 
     from ..device import resolve_device
-    from .calibration import calibration_shapes, fit_step_model, measure_step_times
+    from .calibration import FACTORS, calibration_shapes, fit_step_model, measure_step_times
 
     dev = resolve_device(device)
     if dtype is None:
@@ -147,10 +173,13 @@ def calibrate(device=None, dtype=None, force: bool = False, repeats: int = 5, pr
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats={repeats!r}: must be a positive integer")
     shapes = [tuple(s) for s in (shapes if shapes is not None else calibration_shapes())]
-    if len(shapes) < 5:
-        raise ValueError(f"shapes: {len(shapes)} given; the fit has five factors, give at least 5")
+    if len(shapes) < len(FACTORS):
+        raise ValueError(f"shapes: {len(shapes)} given; the fit has {len(FACTORS)} factors, "
+                         f"give at least {len(FACTORS)}")
     dtype_name = str(dtype).removeprefix("torch.")
-    key = (str(dev), dtype_name, torch.__version__, "tiny", repr(shapes))
+    if statistic not in ("min", "median"):
+        raise ValueError(f"statistic={statistic!r}: choose 'median' or 'min'")
+    key = (str(dev), dtype_name, torch.__version__, "tiny", repr(shapes), f"{len(FACTORS)} factors", statistic)
     path = Path(cache_path) if cache_path is not None else \
         cache_dir() / f"steps-{dev.type}{dev.index or ''}-{dtype_name}-torch{torch.__version__}.json"
     if not force:
@@ -167,13 +196,13 @@ def calibrate(device=None, dtype=None, force: bool = False, repeats: int = 5, pr
 
     from ..loader import build_model
     model = build_model("tiny", seed=0, dtype=dtype, device=dev)
-    measured_s = measure_step_times(model, shapes, repeats=repeats, progress=progress)
+    measured_s = measure_step_times(model, shapes, repeats=repeats, progress=progress, statistic=statistic)
     label = torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type
     hw = fit_step_model(model.cfg, shapes, measured_s, dtype_bytes=model.dtype.itemsize,
                         name=f"this {label} ({dtype_name}, fitted to engine steps)")
     memory_bytes = float(torch.cuda.get_device_properties(dev).total_memory) if dev.type == "cuda" else 0.0
     hw = hw.replace(memory_bytes=memory_bytes, dtype=dtype_name,
-                    source=f"calibrate(): {len(shapes)} tiny-model steps timed (best of {repeats}) "
+                    source=f"calibrate(): {len(shapes)} tiny-model steps timed ({statistic} of {repeats}) "
                            f"and fitted, torch {torch.__version__}")
     _CALIBRATED[key] = hw
     try:

@@ -136,14 +136,16 @@ class SimResult:
 
 
 def simulate(workload: Workload, sched: SchedulerConfig | None = None, model="llama-3-8b",
-             hardware="A100-80GB", dtype_bytes: int = 2, block_size: int = 16,
+             hardware="A100-80GB", dtype_bytes: int | None = None, block_size: int = 16,
              num_blocks: int | None = None, ttft_slo_s: float | None = None,
              tpot_slo_s: float | None = None, enable_prefix_caching: bool = False) -> SimResult:
     """Serve `workload` with the engine's scheduler; step times from the cost model.
 
     model: a preset name or ModelConfig. hardware: a profile name
     ("A100-40GB", "A100-80GB", "H100-SXM", "H200") or a Hardware object such as
-    hardware.calibrate()'s. num_blocks=None: the KV blocks the GPU's memory
+    hardware.calibrate()'s. dtype_bytes: bytes per weight and KV element;
+    None: the hardware profile's dtype (bfloat16 on the GPUs, float32 for a
+    calibrated CPU). num_blocks=None: the KV blocks the GPU's memory
     holds next to the weights (default_sim_num_blocks). enable_prefix_caching:
     as LLMEngine's; the requests then carry the workload's token ids, since
     a cache hit is decided by the tokens.
@@ -157,7 +159,7 @@ def simulate(workload: Workload, sched: SchedulerConfig | None = None, model="ll
     cfg = resolve_model(model)
     hw = resolve_hardware(hardware)
     block_size = check_int("block_size", block_size, 1, hint="16")
-    dtype_bytes = check_dtype_bytes(dtype_bytes)
+    dtype_bytes = check_dtype_bytes(hw.dtype_bytes if dtype_bytes is None else dtype_bytes)
     if num_blocks is None:
         num_blocks = default_sim_num_blocks(cfg, hw, sched, block_size, dtype_bytes)
     num_blocks = check_int("num_blocks", num_blocks, 1, hint="None for what the GPU holds")
