@@ -215,8 +215,10 @@ assert 20 < intensity["decode x32 (ctx 1024)"] < 30 and 140 < a100.ridge_point <
 assert all(intensity["prefill chunk 512"] > h.ridge_point for h in hardware.PROFILES.values())
 
 # %% [markdown]
-# Now this machine. `calibrate()` measures a matmul and a memory copy (cached on disk, so
-# only the first run pays about a second):
+# Now this machine. `calibrate()` times real steps of the built-in model over a sweep of
+# shapes and fits this machine's effective FLOP/s and bandwidth to them (chapter 7, section
+# 10, shows the fit and how well it predicts steps it never saw). The result is cached on
+# disk, so only the first run pays, about 20 seconds on two cores:
 
 # %% slideshow={"slide_type": "fragment"}
 # NBVAL_IGNORE_OUTPUT
@@ -251,9 +253,12 @@ plt.show()
 # A decode batch does ~25 FLOPs per byte: an A100 (ridge ~150) runs it at a sixth of its
 # peak at best, waiting on memory. A 512-token chunk is past every GPU ridge. Putting the
 # decodes in the chunk's step adds their tokens almost for free: the weights are read once
-# for all of them. This machine's ridge is far lower (a CPU has little compute per byte of
-# bandwidth), so on it even small steps are compute-bound: the reason the CPU chapters
-# see time grow with every token.
+# for all of them. This machine's ridge, fitted to its real steps, is lower (a few dozen
+# FLOPs per byte on the reference 2-core machine: about 100 GFLOP/s against a few GB/s,
+# the fit folding each step's fixed costs into the bandwidth), so here a step turns
+# compute-bound after a few dozen tokens: the reason the CPU chapters see a chunk's time
+# grow with nearly every token, while a decode step costs about what streaming the
+# weights once does.
 #
 # **Where growing the chunk stops paying.** With 32 decodes in every step, the cost model
 # gives the time of a step as the chunk grows. Per prefill token, the cost falls while
