@@ -130,3 +130,13 @@ def test_simulate_counts_bytes_at_the_hardware_dtype_by_default():
     default = simulate(workload, model="tiny", hardware=fp32).summary()["duration_s"]
     assert default == simulate(workload, model="tiny", hardware=fp32, dtype_bytes=4).summary()["duration_s"]
     assert simulate(workload, model="tiny", hardware=fp32, dtype_bytes=2).summary()["duration_s"] < default
+
+
+def test_is_calibrated_says_whether_calibrate_would_measure(tmp_path):
+    path = tmp_path / "hw.json"
+    assert not hardware.is_calibrated(device="cpu", cache_path=path)
+    hw = hardware.calibrate(device="cpu", repeats=1, progress=False, cache_path=path, force=True)
+    assert hardware.is_calibrated(device="cpu", cache_path=path)
+    hardware._CALIBRATED.clear()                    # the file alone is enough
+    assert hardware.is_calibrated(device="cpu", cache_path=path)
+    assert hardware.calibrate(device="cpu", cache_path=path) == hw

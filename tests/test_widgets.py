@@ -72,3 +72,15 @@ def test_measure_mode_offers_the_real_model_and_counts_its_steps(monkeypatch):
     view.controls["mode"].value = "simulate"
     assert choice.disabled
     plt.close("all")
+
+
+def test_choosing_this_machine_says_it_is_calibrating_when_nothing_is_cached(monkeypatch):
+    # calibrate() times real steps for ~20 s the first time: the lab says so first.
+    monkeypatch.setattr(widgets, "is_calibrated", lambda: False)
+    view = widgets.LabView(num_decoders=1, prompt_len=128, chunk_size=64, model="tiny")
+    lines = []
+    view.progress.observe(lambda change: lines.append(change["new"]), names="value")
+    view.controls["hardware"].value = "cpu"
+    assert any("calibrating this machine" in line for line in lines)
+    assert view.settings.hardware == "cpu" and view.progress.value == ""
+    plt.close("all")

@@ -22,7 +22,7 @@ import numpy as np
 
 from . import figures
 from . import lab as lab_state
-from ..sim.hardware import PROFILES
+from ..sim.hardware import PROFILES, is_calibrated
 
 __all__ = ["lab", "lab_controls", "LabView", "verdict_html"]
 
@@ -168,6 +168,10 @@ class LabView:
             settings = None                  # verdict_html says what is wrong
         if settings is not None and settings.mode == "measure" and not lab_state.is_measured(settings):
             self.progress.value, on_step = self._measuring(settings)
+        elif settings is not None and settings.mode == "simulate" and settings.hardware == "cpu" \
+                and not is_calibrated():
+            self.progress.value = ("<i>calibrating this machine: timing real engine steps "
+                                   "(about 20 s on two cores, once; kept on disk) ...</i>")
         settings, message = verdict_html(on_step, **values)
         self.verdict.value = message
         if settings is None:

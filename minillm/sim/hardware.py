@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ..validation import check_int, check_real
 
-__all__ = ["Hardware", "PROFILES", "get_hardware", "calibrate", "cache_dir"]
+__all__ = ["Hardware", "PROFILES", "get_hardware", "calibrate", "is_calibrated", "cache_dir"]
 
 
 # Bytes per element of the dtypes a profile names; the cost model's default width.
@@ -139,6 +139,53 @@ def cache_dir() -> Path:
     return Path(os.environ.get("MINILLM_CACHE_DIR") or Path.home() / ".cache" / "minillm")
 
 
+def _calibration_key(device, dtype, shapes, statistic, cache_path):
+    """Check calibrate()'s arguments; (device, dtype, shapes, cache key, cache file)."""
+    import torch
+
+    from ..device import resolve_device
+    from .calibration import FACTORS, calibration_shapes
+
+    dev = resolve_device(device)
+    if dtype is None:
+        dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
+    if isinstance(dtype, str):
+        if not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise ValueError(f"dtype={dtype!r}: not a torch dtype; try 'float32' or 'bfloat16'")
+        dtype = getattr(torch, dtype)
+    shapes = [tuple(s) for s in (shapes if shapes is not None else calibration_shapes())]
+    if len(shapes) < len(FACTORS):
+        raise ValueError(f"shapes: {len(shapes)} given; the fit has {len(FACTORS)} factors, "
+                         f"give at least {len(FACTORS)}")
+    if statistic not in ("min", "median"):
+        raise ValueError(f"statistic={statistic!r}: choose 'median' or 'min'")
+    dtype_name = str(dtype).removeprefix("torch.")
+    key = (str(dev), dtype_name, torch.__version__, "tiny", repr(shapes), f"{len(FACTORS)} factors", statistic)
+    path = Path(cache_path) if cache_path is not None else \
+        cache_dir() / f"steps-{dev.type}{dev.index or ''}-{dtype_name}-torch{torch.__version__}.json"
+    return dev, dtype, shapes, key, path
+
+
+def _cached_calibration(key, path: Path) -> Hardware | None:
+    """The profile calibrate() would return without measuring: this process's, or the file's."""
+    if key in _CALIBRATED:
+        return _CALIBRATED[key]
+    try:
+        saved = json.loads(path.read_text())
+        if tuple(saved.pop("_key")) == key:
+            _CALIBRATED[key] = Hardware(**saved)
+            return _CALIBRATED[key]
+    except (OSError, ValueError, TypeError, KeyError):
+        pass                                      # no or stale cache
+    return None
+
+
+def is_calibrated(device=None, dtype=None, cache_path: str | Path | None = None) -> bool:
+    """True if calibrate() with these arguments returns at once (nothing to measure):
+    the lab says "calibrating this machine" before the ~20 s it otherwise takes."""
+    return _cached_calibration(*_calibration_key(device, dtype, None, "median", cache_path)[3:]) is not None
+
+
 def calibrate(device=None, dtype=None, force: bool = False, repeats: int = 5, progress: bool = True,
               cache_path: str | Path | None = None, shapes=None, statistic: str = "median") -> Hardware:
     """This machine's profile, fitted to measured steps of the real engine; cached.
@@ -160,41 +207,17 @@ def calibrate(device=None, dtype=None, force: bool = False, repeats: int = 5, pr
     """
     import torch
 
-    from ..device import resolve_device
-    from .calibration import FACTORS, calibration_shapes, fit_step_model, measure_step_times
-
-    dev = resolve_device(device)
-    if dtype is None:
-        dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
-    if isinstance(dtype, str):
-        if not isinstance(getattr(torch, dtype, None), torch.dtype):
-            raise ValueError(f"dtype={dtype!r}: not a torch dtype; try 'float32' or 'bfloat16'")
-        dtype = getattr(torch, dtype)
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats={repeats!r}: must be a positive integer")
-    shapes = [tuple(s) for s in (shapes if shapes is not None else calibration_shapes())]
-    if len(shapes) < len(FACTORS):
-        raise ValueError(f"shapes: {len(shapes)} given; the fit has {len(FACTORS)} factors, "
-                         f"give at least {len(FACTORS)}")
-    dtype_name = str(dtype).removeprefix("torch.")
-    if statistic not in ("min", "median"):
-        raise ValueError(f"statistic={statistic!r}: choose 'median' or 'min'")
-    key = (str(dev), dtype_name, torch.__version__, "tiny", repr(shapes), f"{len(FACTORS)} factors", statistic)
-    path = Path(cache_path) if cache_path is not None else \
-        cache_dir() / f"steps-{dev.type}{dev.index or ''}-{dtype_name}-torch{torch.__version__}.json"
+    dev, dtype, shapes, key, path = _calibration_key(device, dtype, shapes, statistic, cache_path)
+    dtype_name = key[1]
     if not force:
-        if key in _CALIBRATED:
-            return _CALIBRATED[key]
-        try:
-            saved = json.loads(path.read_text())
-            if tuple(saved.pop("_key")) == key:
-                hw = Hardware(**saved)
-                _CALIBRATED[key] = hw
-                return hw
-        except (OSError, ValueError, TypeError, KeyError):
-            pass                                  # no or stale cache: measure
+        hw = _cached_calibration(key, path)
+        if hw is not None:
+            return hw
 
     from ..loader import build_model
+    from .calibration import fit_step_model, measure_step_times
     model = build_model("tiny", seed=0, dtype=dtype, device=dev)
     measured_s = measure_step_times(model, shapes, repeats=repeats, progress=progress, statistic=statistic)
     label = torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type
