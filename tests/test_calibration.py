@@ -76,15 +76,15 @@ def test_measure_step_times_times_real_steps(tiny_model):
 
 def test_calibrate_predicts_held_out_engine_steps_within_30_percent(tmp_path, tiny_model):
     # The public path: calibrate() -> predict_step, against real steps of shapes
-    # the fit never saw, timed right after (each step's median of 5, as calibrate() fits).
+    # the fit never saw, timed right after (each step's median of 3 here, of 5 by default).
     # Issue 13 asks for 10%. On the reference machine (bench simulator, README section 3):
     # 3.3-5.8% while the machine keeps its speed; 8-17% while the same steps themselves
     # move 9-23% from one minute to the next. 30% is what a shared CI machine can promise.
-    hw = hardware.calibrate(device="cpu", repeats=5, progress=False, cache_path=tmp_path / "hw.json",
+    hw = hardware.calibrate(device="cpu", repeats=3, progress=False, cache_path=tmp_path / "hw.json",
                             force=True)
     model = tiny_model
     shapes = evaluation_shapes()
-    measured = measure_step_times(model, shapes, repeats=5, statistic="median")
+    measured = measure_step_times(model, shapes, repeats=3, statistic="median")
     predicted = [predict_step(model.cfg, step_shape(*s), hw, dtype_bytes=4).total for s in shapes]
     errors = [abs(e) for e in relative_errors(measured, predicted)]
     assert statistics.median(errors) < 0.30, f"median |error| {statistics.median(errors):.0%}"
