@@ -140,3 +140,16 @@ def test_is_calibrated_says_whether_calibrate_would_measure(tmp_path):
     hardware._CALIBRATED.clear()                    # the file alone is enough
     assert hardware.is_calibrated(device="cpu", cache_path=path)
     assert hardware.calibrate(device="cpu", cache_path=path) == hw
+
+
+def test_attention_never_comes_out_cheaper_than_the_gemms():
+    # Were attention's FLOPs or K/V bytes cheaper than the GEMMs' and weights', the
+    # profile's peak would be attention's rate (efficiencies are fractions of the faster
+    # rate), and a near-free attention would make that peak absurd: the fit merges such
+    # a factor with its base instead (None: charged like the GEMMs and weights).
+    cfg = ModelConfig.preset("tiny")
+    free_attention = basis_hardware(1 / 5e10, 1 / 8e9, 2e-6, 1e-3, attention_flops_inv=0, attention_bytes_inv=0)
+    shapes = evaluation_shapes()
+    fitted = fit_step_model(cfg, shapes, predict_step_times(cfg, shapes, free_attention), dtype_bytes=4)
+    assert fitted.attention_bandwidth_efficiency in (None, 1.0) and fitted.attention_efficiency == 1.0
+    assert fitted.peak_flops_s < 1e13

@@ -153,9 +153,31 @@ def _design_row(cfg, shape, dtype_bytes) -> list[float]:
     return [predict_step(cfg, steps, _basis(i), dtype_bytes).total for i in range(len(FACTORS))]
 
 
+# Attention's factor and the one it refines: attention never costs LESS per FLOP or
+# per byte than the GEMMs and weights (were it cheaper, the profile's peak would be
+# attention's, and a near-free attention would make that peak absurd).
+_ATTENTION_OF = {"attention_flops_inv": "flops_inv", "attention_bytes_inv": "bytes_inv"}
+
+
+def _nonnegative_lstsq(a, y):
+    """Least squares with every coefficient >= 0 (the negative ones dropped, one at a time)."""
+    import numpy as np
+
+    active = list(range(a.shape[1]))
+    while True:
+        coef, *_ = np.linalg.lstsq(a[:, active], y, rcond=None)
+        if (coef >= 0).all() or len(active) == 1:
+            break
+        active.pop(int(np.argmin(coef)))
+    x = np.zeros(a.shape[1])
+    x[active] = np.clip(coef, 0, None)
+    return x
+
+
 def fit_step_model(cfg, shapes, measured_s, dtype_bytes: int = 4,
                    name: str = "this cpu (fitted)") -> Hardware:
-    """Least squares on relative error over measured steps; factors kept >= 0."""
+    """Least squares on relative error over measured steps; factors kept >= 0, and
+    attention's no cheaper than the GEMMs' and weights' (else merged with them)."""
     import numpy as np
 
     if len(shapes) != len(measured_s) or len(shapes) < len(FACTORS):
@@ -164,15 +186,18 @@ def fit_step_model(cfg, shapes, measured_s, dtype_bytes: int = 4,
     a = np.array([_design_row(cfg, s, dtype_bytes) for s in shapes], dtype=np.float64)
     y = np.asarray(measured_s, dtype=np.float64)
     a_rel, ones = a / y[:, None], np.ones_like(y)           # minimise sum ((pred - y) / y)^2
-    active = list(range(a.shape[1]))
-    while True:                                             # drop factors that come out negative
-        coef, *_ = np.linalg.lstsq(a_rel[:, active], ones, rcond=None)
-        if (coef >= 0).all() or len(active) == 1:
+    merged = set()                                          # attention factors charged as their base
+    while True:
+        own = [f for f in FACTORS if f not in merged]
+        columns = [a_rel[:, FACTORS.index(f)] + sum(a_rel[:, FACTORS.index(m)] for m in merged
+                                                    if _ATTENTION_OF[m] == f) for f in own]
+        x = dict(zip(own, _nonnegative_lstsq(np.stack(columns, axis=1), ones)))
+        cheaper = [f for f, base in _ATTENTION_OF.items() if f in x and x[f] < x[base]]
+        if not cheaper:
             break
-        active.pop(int(np.argmin(coef)))
-    x = np.zeros(a.shape[1])
-    x[active] = np.clip(coef, 0, None)
-    hw = basis_hardware(**{f: float(v) for f, v in zip(FACTORS, x)}, name=name)
+        merged.add(cheaper[0])
+    factors = {f: (None if f in merged else float(x[f])) for f in FACTORS}
+    hw = basis_hardware(**factors, name=name)
     return hw.replace(source="calibration.fit_step_model: least squares over measured engine steps")
 
 
