@@ -130,6 +130,12 @@ def test_simulate_counts_bytes_at_the_hardware_dtype_by_default():
     default = simulate(workload, model="tiny", hardware=fp32).summary()["duration_s"]
     assert default == simulate(workload, model="tiny", hardware=fp32, dtype_bytes=4).summary()["duration_s"]
     assert simulate(workload, model="tiny", hardware=fp32, dtype_bytes=2).summary()["duration_s"] < default
+    from minillm.book.figures import roofline_points
+    from minillm.sim.disaggregation import simulate_disaggregated
+    assert roofline_points("tiny", fp32) == roofline_points("tiny", fp32, 4)          # every path that
+    split = dict(model="tiny", hardware=fp32, num_prefill=1, num_decode=1)             # takes hardware
+    assert (simulate_disaggregated(workload, **split).summary()["duration_s"]
+            == simulate_disaggregated(workload, dtype_bytes=4, **split).summary()["duration_s"])
 
 
 def test_is_calibrated_says_whether_calibrate_would_measure(tmp_path):

@@ -160,13 +160,15 @@ def pick_chunk_size(rows, itl_slo_ms: float):
 # ---------------------------------------------------------------------------
 # How far a roofline goes: the roofline, GPU operators, this machine's steps
 # ---------------------------------------------------------------------------
-def roofline_points(model="llama-3-8b", hardware="A100-80GB", dtype_bytes: int = 2,
+def roofline_points(model="llama-3-8b", hardware="A100-80GB", dtype_bytes: int | None = None,
                     num_cached: int = 1024):
     """Example steps as (label, intensity FLOPs/byte, predicted FLOP/s): decodes of
     growing batches over num_cached tokens, and prefill chunks of growing size."""
     from ..sim.accounting import step_cost
     from ..sim.cost_model import predict_step
+    from ..sim.accounting import dtype_bytes_on
     cfg, hw = resolve_model(model), resolve_hardware(hardware)
+    dtype_bytes = dtype_bytes_on(hw, dtype_bytes)
     shapes = [(f"decode x{n}", [(1, num_cached)] * n) for n in (1, 8, 64)]
     shapes += [(f"chunk {c}", [(c, 0)]) for c in (16, 128, 512, 2048)]
     points = []
@@ -177,7 +179,8 @@ def roofline_points(model="llama-3-8b", hardware="A100-80GB", dtype_bytes: int =
     return points
 
 
-def plot_roofline(model="llama-3-8b", hardware="A100-80GB", dtype_bytes: int = 2, ax=None, title=None):
+def plot_roofline(model="llama-3-8b", hardware="A100-80GB", dtype_bytes: int | None = None, ax=None,
+                  title=None):
     """The hardware's roofline (datasheet and sustained) with example steps placed on it
     at their FLOPs/byte and the FLOP/s the cost model predicts for them."""
     import numpy as np

@@ -35,7 +35,7 @@ from ..config import ModelConfig
 from ..validation import check_bool, check_choice, check_int, is_int
 
 __all__ = [
-    "OPS", "DTYPE_BYTES", "StepCost", "step_cost", "prefill_flops", "prefill_cost",
+    "OPS", "DTYPE_BYTES", "dtype_bytes_on", "StepCost", "step_cost", "prefill_flops", "prefill_cost",
     "causal_pairs", "kv_write_bytes", "activation_peak_bytes", "normalize_step",
 ]
 
@@ -94,6 +94,12 @@ def check_dtype_bytes(dtype_bytes) -> int:
 
 
 _check_dtype_bytes = check_dtype_bytes     # the name cost_model imports
+
+
+def dtype_bytes_on(hardware, dtype_bytes=None) -> int:
+    """The element width to count: dtype_bytes if given, else the hardware profile's
+    own dtype (2 for the GPUs' bfloat16, 4 for a CPU calibrated in float32)."""
+    return check_dtype_bytes(hardware.dtype_bytes if dtype_bytes is None else dtype_bytes)
 
 
 def _check_int(name: str, value, minimum: int) -> int:

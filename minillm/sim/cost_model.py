@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .accounting import OPS, _check_cfg, _check_dtype_bytes, normalize_step, step_cost
+from .accounting import OPS, _check_cfg, _check_dtype_bytes, dtype_bytes_on, normalize_step, step_cost
 from ..config import ModelConfig
 from .hardware import Hardware, get_hardware
 
@@ -114,7 +114,7 @@ def predict_step(cfg, requests, hardware="H100-SXM", dtype_bytes: int | None = N
     """
     cfg = _check_cfg(cfg)
     hw = get_hardware(hardware)
-    b = _check_dtype_bytes(hw.dtype_bytes if dtype_bytes is None else dtype_bytes)
+    b = dtype_bytes_on(hw, dtype_bytes)
     reqs = normalize_step(requests)
     num_tokens = sum(n for n, _, _ in reqs)
     num_sampled = sum(1 for _, _, s in reqs if s)

@@ -31,6 +31,7 @@ from ..scheduler import SchedulerConfig
 from .simulator import (CostModelExecutor, DUMMY_TOKEN, default_sim_num_blocks, resolve_hardware,
                         resolve_model, simulate)
 from .workloads import Workload
+from .accounting import dtype_bytes_on
 
 __all__ = ["ServingRun", "simulate_aggregated", "simulate_disaggregated", "kv_transfer_s",
            "goodput_rate", "highest_rate_meeting",
@@ -69,8 +70,9 @@ def _sub_workload(workload: Workload, indices: list[int], **changes) -> Workload
 
 
 def simulate_aggregated(workload: Workload, num_gpus: int, sched: SchedulerConfig | None = None,
-                        model="llama-3-8b", hardware="A100-80GB", dtype_bytes: int = 2) -> ServingRun:
-    """num_gpus replicas, each serving its share with the chunked scheduler."""
+                        model="llama-3-8b", hardware="A100-80GB", dtype_bytes: int | None = None) -> ServingRun:
+    """num_gpus replicas, each serving its share with the chunked scheduler.
+    dtype_bytes: None counts the hardware profile's own dtype (as simulate)."""
     num_gpus = check_int("num_gpus", num_gpus, 1)
     sched = sched if sched is not None else SchedulerConfig(policy="chunked", chunk_size=512)
     outputs: list[RequestOutput | None] = [None] * len(workload.requests)
@@ -92,15 +94,17 @@ def kv_transfer_s(cfg, prompt_len: int, interconnect_bytes_s: float, dtype_bytes
 def simulate_disaggregated(workload: Workload, num_prefill: int, num_decode: int, model="llama-3-8b",
                            hardware="A100-80GB", interconnect_bytes_s: float = DEFAULT_INTERCONNECT_BYTES_S,
                            prefill_chunk_size: int = 8192, max_num_seqs: int = 64,
-                           dtype_bytes: int = 2) -> ServingRun:
+                           dtype_bytes: int | None = None) -> ServingRun:
     """num_prefill prompt-only replicas hand each request's KV to one of num_decode
-    decode-only replicas, over interconnect_bytes_s bytes/s."""
+    decode-only replicas, over interconnect_bytes_s bytes/s. dtype_bytes: None
+    counts the hardware profile's own dtype (as simulate)."""
     num_prefill = check_int("num_prefill", num_prefill, 1)
     num_decode = check_int("num_decode", num_decode, 1)
     interconnect_bytes_s = check_real("interconnect_bytes_s", interconnect_bytes_s, 0, exclusive_minimum=True,
                                       hint=f"bytes per second, e.g. {DEFAULT_INTERCONNECT_BYTES_S:.0e} for a "
                                            "200 Gb/s link")
     cfg, hw = resolve_model(model), resolve_hardware(hardware)
+    dtype_bytes = dtype_bytes_on(hw, dtype_bytes)
     # 1. Prefill replicas: every request stops at its first token.
     first_token: dict[int, RequestOutput] = {}
     prefill_sched = SchedulerConfig(policy="chunked", chunk_size=prefill_chunk_size, max_num_seqs=max_num_seqs)

@@ -22,7 +22,7 @@ from ..metrics import distribution, summarize
 from ..request import RequestOutput
 from ..scheduler import SchedulerConfig
 from ..validation import check_int
-from .accounting import check_dtype_bytes
+from .accounting import check_dtype_bytes, dtype_bytes_on
 from .workloads import Workload
 
 __all__ = ["simulate", "SimResult", "CostModelExecutor", "predict_step", "StepTime",
@@ -159,7 +159,7 @@ def simulate(workload: Workload, sched: SchedulerConfig | None = None, model="ll
     cfg = resolve_model(model)
     hw = resolve_hardware(hardware)
     block_size = check_int("block_size", block_size, 1, hint="16")
-    dtype_bytes = check_dtype_bytes(hw.dtype_bytes if dtype_bytes is None else dtype_bytes)
+    dtype_bytes = dtype_bytes_on(hw, dtype_bytes)
     if num_blocks is None:
         num_blocks = default_sim_num_blocks(cfg, hw, sched, block_size, dtype_bytes)
     num_blocks = check_int("num_blocks", num_blocks, 1, hint="None for what the GPU holds")
