@@ -28,7 +28,7 @@ import torch.nn.functional as F
 import minillm
 from minillm.attention import (AttentionBatch, causal_block_attention, causal_mask, chunk_attention,
                                merge_attention, paged_attention, reference_attention, sdpa_attention,
-                               write_kv)
+                               split_decodes, write_kv)
 from minillm.kv_cache import BlockManager
 from minillm.book.show import show_source
 
@@ -366,7 +366,17 @@ for backend in ["reference", "sdpa"]:
 # longest. Where padding would read more keys than another call costs, the bucket is cut
 # (`split_decodes`: one decode over 2,100 tokens does not drag four over 200 up to its
 # length). The padding mask of each bucket is planned once per step, and a bucket whose
-# requests have one length needs none. A third backend, `flash`, calls flash-attn's varlen kernel
+# requests have one length needs none. The cut, for four short decodes and one long one:
+
+# %% slideshow={"slide_type": "fragment"}
+lengths = [200, 200, 200, 200, 2100]
+for name, spans in [("one bucket", [(0, len(lengths))]), ("split_decodes", split_decodes(lengths))]:
+    keys_read = sum((stop - start) * max(lengths[start:stop]) for start, stop in spans)
+    print(f"{name:>13}: buckets {spans}, keys read per layer {keys_read:,}")
+assert split_decodes(lengths) == [(0, 4), (4, 5)]
+
+# %% [markdown]
+# A third backend, `flash`, calls flash-attn's varlen kernel
 # straight on the paged cache. It exists only on CUDA machines with the `flash-attn`
 # package, computes in float16 or bfloat16 only, and its paged mode needs blocks of a
 # multiple of 256 tokens. Our step breaks all three rules (CPU, float64, 4-token blocks),
