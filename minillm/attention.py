@@ -221,7 +221,7 @@ class AttentionBatch:
     block_size: int
     slot_mapping: torch.Tensor     # [T] flat cache slot of every new token
     # What every layer needs and no layer changes (row offsets, decode
-    # buckets and their padding masks): built by the first layer of the step.
+    # buckets, their padding masks and gather buffers): built by the first layer of the step.
     _plan: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
@@ -284,8 +284,7 @@ def paged_attention(q, k_new, v_new, k_cache, v_cache, batch: AttentionBatch,
             v = gather_kv(v_cache, batch.block_tables[b], seq_len)
             out[start:start + n] = reference_attention(q[start:start + n], k, v)
         return out
-    for i, (rows, blocks, max_len, allowed) in enumerate(_decode_buckets(batch, q.device)):
-        gathered = batch._plan.setdefault(("gathered", i), {})      # reused by every layer of the step
+    for rows, blocks, max_len, allowed, gathered in _decode_buckets(batch, q.device):
         out[rows] = _decode_bucket_attention(q[rows], k_cache, v_cache, blocks, max_len, allowed, gathered)
     for b, (start, n, cached) in enumerate(zip(starts, batch.query_lens, batch.cached_lens)):
         if n == 1 or n == 0:
@@ -330,8 +329,9 @@ def split_decodes(seq_lens: list[int], max_bucket: int = DECODE_BUCKET,
 def _decode_buckets(batch: AttentionBatch, device):
     """Decodes in padded buckets of similar length, planned once per step.
 
-    Returns [(rows [B], blocks [B * max_blocks], L, allowed [B, 1, 1, L] or None)]
-    with L the longest sequence of the bucket:
+    Returns [(rows [B], blocks [B * max_blocks], L, allowed [B, 1, 1, L] or None,
+    gathered {})] with L the longest sequence of the bucket and gathered the
+    place for the bucket's gather buffers, which every layer of the step reuses:
     one SDPA call per bucket instead of one per request. Sorting by length
     and cutting where padding would cost more than another call
     (split_decodes) keeps the padding small; a bucket whose requests all have
@@ -357,7 +357,7 @@ def _decode_buckets(batch: AttentionBatch, device):
             allowed = (torch.arange(max(seq_lens))[None, :] < lengths)[:, None, None, :]
             allowed = allowed.to(device)                                          # [B, 1, 1, L]
         rows = torch.as_tensor([starts[b] for b in bucket], device=device)
-        buckets.append((rows, tables.flatten().to(device), max(seq_lens), allowed))
+        buckets.append((rows, tables.flatten().to(device), max(seq_lens), allowed, {}))
     batch._plan["decodes"] = buckets
     return buckets
 
