@@ -68,8 +68,7 @@ show_source(RMSNorm)
 # %% [markdown]
 # RMSNorm divides a row by its root-mean-square (no mean subtraction, unlike LayerNorm)
 # and scales by a learned weight. It computes in float32 even for bf16 models, as
-# Hugging Face does. The engine calls torch's fused `rms_norm` kernel (one pass
-# instead of four operators); the formula written out by hand agrees:
+# Hugging Face does. A three-line version agrees:
 
 # %% slideshow={"slide_type": "fragment"}
 x = torch.randn(5, 64, dtype=torch.float64)
