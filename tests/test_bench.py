@@ -18,3 +18,25 @@ def test_prefill_seconds_returns_the_cache_it_used():
     tokens = list(range(64))
     assert bench._prefill_seconds(runner, tokens, 16) > 0
     assert runner.block_manager.num_free_blocks == free
+
+
+def test_interference_rounds_report_medians_and_the_range_of_each_headline():
+    r = bench.bench_interference(prompt_len=96, num_decoders=2, chunk_sizes=(32, 256), shape="gqa2",
+                                 progress=False, rounds=3)
+    assert r["rounds"] == 3
+    assert [row["policy"] for row in r["rows"]] == ["prefill_first", "decode_first", "chunked", "chunked"]
+    for key, value in r["chunked256_vs_prefill_first"].items():
+        low, high = r["headline_spread"][key]
+        assert 0 < low <= value <= high
+
+
+def test_median_row_takes_each_number_across_rounds_and_keeps_the_labels():
+    runs = [{"policy": "chunked", "chunk_size": 256, "itl_max_s": t, "steps": 41} for t in (0.3, 0.1, 0.2)]
+    assert bench._median_row(runs) == {"policy": "chunked", "chunk_size": 256, "itl_max_s": 0.2, "steps": 41}
+
+
+def test_hf_race_rounds_report_the_median_speedup_within_its_range_and_identical_tokens():
+    r = bench.bench_hf(num_requests=3, shape="gqa2", rounds=2)
+    low, high = r["speedup_spread"]
+    assert r["rounds"] == 2 and 0 < low <= r["speedup"] <= high
+    assert r["identical_requests"] == 3 and r["first_mismatch"] is None

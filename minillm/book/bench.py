@@ -201,8 +201,14 @@ def interference_case(model, policy: str, chunk_size: int | None, workload) -> d
 
 def bench_interference(prompt_len: int = 2048, num_decoders: int = 8,
                        chunk_sizes=(64, 128, 256, 512, 1024), out_dir: Path | None = None,
-                       device=None, progress: bool = True, shape: str = "tiny") -> dict:
-    """Returns the table and the headline ratios (chunked 256 vs prefill_first)."""
+                       device=None, progress: bool = True, shape: str = "tiny", rounds: int = 1) -> dict:
+    """Returns the table and the headline ratios (chunked 256 vs prefill_first).
+
+    rounds > 1 runs every case that many times, one round after another, and
+    reports the median of each number (the headline ratios are taken within
+    each round, then their median and range): a stream's worst gap is one
+    step, and one slow moment of a shared machine moves it by a fifth.
+    """
     from tqdm.auto import tqdm
 
     device = device or default_device()
@@ -216,23 +222,37 @@ def bench_interference(prompt_len: int = 2048, num_decoders: int = 8,
     # Warm up kernels and allocator once so the first case is not penalised.
     LLMEngine(model, SchedulerConfig()).generate([[1] * 64], SamplingParams(max_tokens=2, ignore_eos=True))
     cases = [("prefill_first", None), ("decode_first", None)] + [("chunked", c) for c in chunk_sizes]
-    rows = [interference_case(model, p, c, workload)
-            for p, c in tqdm(cases, desc="interference", disable=not progress)]
-    base = rows[0]
-    ref = next((r for r in rows if r["chunk_size"] == 256), rows[-1])
+    runs = [[interference_case(model, p, c, workload) for p, c in cases]
+            for _ in tqdm(range(rounds), desc=f"interference, {len(cases)} cases a round",
+                          disable=not progress)]
+    headline_runs = [_interference_headline(round_rows) for round_rows in runs]
+    headline = {key: statistics.median(h[key] for h in headline_runs) for key in headline_runs[0]}
     result = {
         "device": str(device), "shape": shape, "prompt_len": prompt_len, "num_decoders": num_decoders,
-        "rows": rows,
-        "chunked256_vs_prefill_first": {
-            "itl_max_reduction": base["itl_max_s"] / ref["itl_max_s"],
-            "itl_p99_reduction": base["itl_p99_s"] / ref["itl_p99_s"],
-            "long_ttft_growth": ref["long_ttft_s"] / base["long_ttft_s"],
-        },
+        "rounds": rounds, "rows": [_median_row(case_runs) for case_runs in zip(*runs)],
+        "chunked256_vs_prefill_first": headline,
+        "headline_spread": {key: (min(h[key] for h in headline_runs), max(h[key] for h in headline_runs))
+                            for key in headline},
     }
     if out_dir is not None:
         name = "interference.png" if shape == "tiny" else f"interference_{shape}.png"
-        _save_interference_figure(rows, Path(out_dir) / name, prompt_len, num_decoders)
+        _save_interference_figure(result["rows"], Path(out_dir) / name, prompt_len, num_decoders)
     return result
+
+
+def _interference_headline(rows: list[dict]) -> dict:
+    base = rows[0]
+    ref = next((r for r in rows if r["chunk_size"] == 256), rows[-1])
+    return {"itl_max_reduction": base["itl_max_s"] / ref["itl_max_s"],
+            "itl_p99_reduction": base["itl_p99_s"] / ref["itl_p99_s"],
+            "long_ttft_growth": ref["long_ttft_s"] / base["long_ttft_s"]}
+
+
+def _median_row(case_runs) -> dict:
+    """One case's rows from several rounds -> the median of each number."""
+    first = case_runs[0]
+    return {key: (statistics.median(r[key] for r in case_runs)
+                  if isinstance(value, float) else value) for key, value in first.items()}
 
 
 def _save_interference_figure(rows, path: Path, prompt_len: int, num_decoders: int) -> None:
@@ -315,28 +335,40 @@ def hf_generate(hf, prompts, output_lens, batch_size: int = 8, eos_token_id=None
     return results, time.perf_counter() - t0
 
 
-def bench_hf(num_requests: int = 32, device=None, seed: int = 0, shape: str = "tiny") -> dict:
+def bench_hf(num_requests: int = 32, device=None, seed: int = 0, shape: str = "tiny",
+             rounds: int = 1) -> dict:
+    """Useful output tokens/s of the engine against transformers' generate.
+
+    rounds > 1 races them that many times, back to back in each round; the
+    speedup is taken within a round, and its median and range are reported.
+    """
     device = device or default_device()
     model = bench_model(shape, device)
     wl = workloads.poisson_mix(num_requests, rate_per_s=float("inf"), prompt_len=(32, 512),
                                output_len=(16, 128), seed=seed)
     prompts = [wl.prompt_ids(i, model.cfg.vocab_size) for i in range(num_requests)]
     output_lens = [r.max_tokens for r in wl.requests]
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in output_lens]
     hf = to_hf_model(model)
     hf_generate(hf, prompts[:2], [2, 2])                           # warm-up
-    hf_tokens, hf_s = hf_generate(hf, prompts, output_lens)
     engine = LLMEngine(model, SchedulerConfig(policy="chunked", chunk_size=512, max_num_seqs=64))
     engine.generate([[1] * 16], SamplingParams(max_tokens=2, ignore_eos=True))   # warm-up
-    t0 = time.perf_counter()
-    outs = engine.generate(prompts, [SamplingParams(max_tokens=n, ignore_eos=True) for n in output_lens])
-    ours_s = time.perf_counter() - t0
+    hf_times, our_times = [], []
+    for _ in range(rounds):
+        hf_tokens, hf_s = hf_generate(hf, prompts, output_lens)
+        t0 = time.perf_counter()
+        outs = engine.generate(prompts, params)
+        hf_times.append(hf_s)
+        our_times.append(time.perf_counter() - t0)
+    speedups = [h / o for h, o in zip(hf_times, our_times)]
+    hf_s, ours_s = statistics.median(hf_times), statistics.median(our_times)
     useful = sum(output_lens)
     same = [o.output_token_ids == h for o, h in zip(outs, hf_tokens)]
     return {
         "device": str(device), "shape": shape, "num_requests": num_requests, "useful_tokens": useful,
-        "minillm_s": ours_s, "hf_s": hf_s,
+        "rounds": rounds, "minillm_s": ours_s, "hf_s": hf_s,
         "minillm_tok_s": useful / ours_s, "hf_tok_s": useful / hf_s,
-        "speedup": hf_s / ours_s,
+        "speedup": statistics.median(speedups), "speedup_spread": (min(speedups), max(speedups)),
         "identical_requests": sum(same), "first_mismatch": _first_mismatch(model, prompts, outs, hf_tokens),
     }
 
@@ -444,6 +476,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--prompt-len", type=int, default=2048)
     parser.add_argument("--num-decoders", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5, help="chunk-cost: runs per ratio (median)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="interference and hf: rounds of the whole race (medians and ranges reported)")
     parser.add_argument("--chunk-sizes", default="64,128,256,512,1024",
                         help="interference: comma-separated chunk sizes (256 is the headline)")
     parser.add_argument("--memory-requests", type=int, default=20_000, help="requests served by `memory`")
@@ -538,25 +572,32 @@ def _run_shape(args, shape: str, out: Path) -> dict:
     if args.which in ("interference", "all"):
         chunk_sizes = tuple(int(c) for c in args.chunk_sizes.split(","))
         r = bench_interference(args.prompt_len, args.num_decoders, chunk_sizes=chunk_sizes, out_dir=out,
-                               shape=shape)
+                               shape=shape, rounds=args.rounds)
         results["interference"] = r
         print(f"\nInterference on {r['device']}: a {r['prompt_len']}-token prompt arrives among "
-              f"{r['num_decoders']} decoding streams ({described}, seconds)")
+              f"{r['num_decoders']} decoding streams ({described}, seconds"
+              + (f", median of {r['rounds']} rounds)" if r["rounds"] > 1 else ")"))
         print(_table(r["rows"], [("policy", "policy", ""), ("chunk_size", "chunk", ""),
                                  ("long_ttft_s", "long TTFT", ".3f"), ("tpot_mean_s", "TPOT mean", ".4f"),
                                  ("itl_p50_s", "ITL p50", ".4f"), ("itl_p99_s", "ITL p99", ".4f"),
                                  ("itl_max_s", "ITL max", ".4f"), ("throughput_tok_s", "tok/s", ".1f"),
                                  ("steps", "steps", "d")]))
-        h = r["chunked256_vs_prefill_first"]
-        print(f"chunked 256 vs prefill_first: max ITL {h['itl_max_reduction']:.1f}x lower, "
-              f"p99 ITL {h['itl_p99_reduction']:.1f}x lower, long-prompt TTFT x{h['long_ttft_growth']:.2f}")
+        h, spread = r["chunked256_vs_prefill_first"], r["headline_spread"]
+        ranges = {key: f" ({low:.2f}-{high:.2f})" if r["rounds"] > 1 else "" for key, (low, high) in spread.items()}
+        print(f"chunked 256 vs prefill_first: max ITL {h['itl_max_reduction']:.1f}x lower"
+              f"{ranges['itl_max_reduction']}, p99 ITL {h['itl_p99_reduction']:.1f}x lower"
+              f"{ranges['itl_p99_reduction']}, long-prompt TTFT x{h['long_ttft_growth']:.2f}"
+              f"{ranges['long_ttft_growth']}")
     if args.which in ("hf", "all"):
-        r = bench_hf(shape=shape)
+        r = bench_hf(shape=shape, rounds=args.rounds)
         results["hf"] = r
+        low, high = r["speedup_spread"]
         print(f"\nThroughput vs transformers.generate on {r['device']}, {described} ({r['num_requests']} "
-              f"requests, {r['useful_tokens']} useful output tokens)")
+              f"requests, {r['useful_tokens']} useful output tokens"
+              + (f", median of {r['rounds']} rounds)" if r["rounds"] > 1 else ")"))
         print(f"minillm {r['minillm_tok_s']:.1f} tok/s ({r['minillm_s']:.2f} s), "
-              f"transformers {r['hf_tok_s']:.1f} tok/s ({r['hf_s']:.2f} s): {r['speedup']:.2f}x; "
+              f"transformers {r['hf_tok_s']:.1f} tok/s ({r['hf_s']:.2f} s): {r['speedup']:.2f}x"
+              + (f" (rounds {low:.2f}-{high:.2f})" if r["rounds"] > 1 else "") + "; "
               f"identical greedy outputs for {r['identical_requests']}/{r['num_requests']} requests"
               + (f"; first difference {r['first_mismatch']}" if r["first_mismatch"] else ""))
     return results
