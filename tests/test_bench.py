@@ -1,4 +1,6 @@
 """The benchmarks run end to end on a small case (their numbers live in the README)."""
+import pytest
+
 from minillm.book import bench
 
 
@@ -28,6 +30,14 @@ def test_interference_rounds_report_medians_and_the_range_of_each_headline():
     for key, value in r["chunked256_vs_prefill_first"].items():
         low, high = r["headline_spread"][key]
         assert 0 < low <= value <= high
+
+
+def test_rounds_below_one_are_refused_naming_the_argument():
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="rounds="):
+            bench.bench_interference(shape="gqa2", rounds=bad, progress=False)
+        with pytest.raises(ValueError, match="rounds="):
+            bench.bench_hf(shape="gqa2", rounds=bad)
 
 
 def test_median_row_takes_each_number_across_rounds_and_keeps_the_labels():

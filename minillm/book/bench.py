@@ -211,6 +211,7 @@ def bench_interference(prompt_len: int = 2048, num_decoders: int = 8,
     """
     from tqdm.auto import tqdm
 
+    _check_rounds(rounds)
     device = device or default_device()
     model = bench_model(shape, device)
     # The streams decode 32 tokens past the long prompt's arrival: enough to
@@ -238,6 +239,11 @@ def bench_interference(prompt_len: int = 2048, num_decoders: int = 8,
         name = "interference.png" if shape == "tiny" else f"interference_{shape}.png"
         _save_interference_figure(result["rows"], Path(out_dir) / name, prompt_len, num_decoders)
     return result
+
+
+def _check_rounds(rounds) -> None:
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds={rounds!r}: must be a whole number of rounds, at least 1")
 
 
 def _interference_headline(rows: list[dict]) -> dict:
@@ -342,6 +348,7 @@ def bench_hf(num_requests: int = 32, device=None, seed: int = 0, shape: str = "t
     rounds > 1 races them that many times, back to back in each round; the
     speedup is taken within a round, and its median and range are reported.
     """
+    _check_rounds(rounds)
     device = device or default_device()
     model = bench_model(shape, device)
     wl = workloads.poisson_mix(num_requests, rate_per_s=float("inf"), prompt_len=(32, 512),
