@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export PYTHONHASHSEED ?= 0
 
-.PHONY: lab test test-fast notebooks slides figures bench gpu-check clean
+.PHONY: lab test test-fast notebooks slides figures bench gpu-check clean kernels
 
 # Create the virtual environment and install everything (re-runs when the
 # requirements change).
@@ -19,22 +19,28 @@ $(STAMP): requirements.txt pyproject.toml
 
 venv: $(STAMP)
 
+# The CPU paged-decode kernel (minillm/kernels), compiled once (~40 s) with
+# the C++ compiler torch finds; a no-op when built. Without a compiler the
+# engine still runs: decodes then gather their cache into torch's kernel.
+kernels: $(STAMP)
+	$(PY) -m minillm.kernels build
+
 # JupyterLab refuses to run as root unless told; containers often are root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-lab: $(STAMP)
+lab: $(STAMP) kernels
 	env -u MPLBACKEND $(VENV)/bin/jupyter lab $(ROOT_FLAG) --ServerApp.root_dir=. notebooks/00_roadmap.ipynb
 
 # Every test: unit and property tests, then every chapter and solution notebook.
-test: $(STAMP)
+test: $(STAMP) kernels
 	$(PY) -m pytest -q tests --nbval-lax notebooks exercises/solutions
 
 # Only the unit and property tests (seconds to a few minutes).
-test-fast: $(STAMP)
+test-fast: $(STAMP) kernels
 	$(PY) -m pytest -q tests
 
 # Re-execute every chapter and exercise from its source (notebooks/src, exercises/solutions/src).
-notebooks: $(STAMP)
+notebooks: $(STAMP) kernels
 	$(PY) tools/nb.py all
 
 # Lecture decks: slides/NN_topic.slides.html from the executed chapters (no
@@ -51,12 +57,12 @@ slides: $(STAMP) $(SLIDES_RUNTIME)
 figures: $(STAMP)
 	$(PY) -m minillm figures --out figures
 
-bench: $(STAMP)
+bench: $(STAMP) kernels
 	$(PY) -m minillm bench all --out bench-results
 
 # On a CUDA machine: the tests on the GPU, then the benchmarks; results in gpu-results/.
-gpu-check: $(STAMP)
+gpu-check: $(STAMP) kernels
 	bash tools/gpu_check.sh gpu-results
 
 clean:
-	rm -rf $(VENV) bench-results gpu-results slides tools/slides/node_modules
+	rm -rf $(VENV) bench-results gpu-results slides tools/slides/node_modules minillm/kernels/_build

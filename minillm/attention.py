@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from . import kernels
 from .kv_cache import blocks_for, gather_kv
 
 BACKENDS = ("reference", "sdpa", "flash")
@@ -284,8 +285,14 @@ def paged_attention(q, k_new, v_new, k_cache, v_cache, batch: AttentionBatch,
             v = gather_kv(v_cache, batch.block_tables[b], seq_len)
             out[start:start + n] = reference_attention(q[start:start + n], k, v)
         return out
-    for rows, blocks, max_len, bias, gathered in _decode_buckets(batch, q.device, q.dtype):
-        out[rows] = _decode_bucket_attention(q[rows], k_cache, v_cache, blocks, max_len, bias, gathered)
+    if uses_paged_decode_kernel(q):
+        # A paged kernel reads each decode's blocks where they lie: no gather.
+        rows, tables, seq_lens = _decode_tables(batch, q.device)
+        if len(rows):
+            out[rows] = kernels.paged_decode(q[rows], k_cache, v_cache, tables, seq_lens, q.shape[-1] ** -0.5)
+    else:
+        for rows, blocks, max_len, bias, gathered in _decode_buckets(batch, q.device, q.dtype):
+            out[rows] = _decode_bucket_attention(q[rows], k_cache, v_cache, blocks, max_len, bias, gathered)
     for b, (start, n, cached) in enumerate(zip(starts, batch.query_lens, batch.cached_lens)):
         if n == 1 or n == 0:
             continue                                   # decodes are done above
@@ -299,6 +306,30 @@ def paged_attention(q, k_new, v_new, k_cache, v_cache, batch: AttentionBatch,
         # what was just written.
         out[rows] = chunk_attention(q[rows], k_new[rows], v_new[rows], k_prefix, v_prefix)
     return out
+
+
+def uses_paged_decode_kernel(q: torch.Tensor) -> bool:
+    """Whether this step's decodes go to the compiled CPU kernel (kernels/):
+    float32 or float64 on the CPU, once `python -m minillm.kernels build` has
+    run. Otherwise they are gathered and batched into torch's fused kernel."""
+    return (q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
+            and kernels.paged_decode_available())
+
+
+def _decode_tables(batch: AttentionBatch, device):
+    """(rows [n], block tables [n, width], seq_lens [n]) of the step's decodes,
+    built once per step for the paged kernel; no padding, no sorting."""
+    if "decode_tables" not in batch._plan:
+        decodes = [b for b, n in enumerate(batch.query_lens) if n == 1]
+        width = max((len(batch.block_tables[b]) for b in decodes), default=0)
+        tables = torch.zeros(len(decodes), width, dtype=torch.long)
+        for j, b in enumerate(decodes):
+            tables[j, :len(batch.block_tables[b])] = torch.as_tensor(batch.block_tables[b])
+        starts, seq_lens = batch.row_starts(), batch.seq_lens
+        batch._plan["decode_tables"] = (torch.as_tensor([starts[b] for b in decodes], dtype=torch.long),
+                                        tables.to(device),
+                                        torch.as_tensor([seq_lens[b] for b in decodes], dtype=torch.long))
+    return batch._plan["decode_tables"]
 
 
 def split_decodes(seq_lens: list[int], max_bucket: int = DECODE_BUCKET,

@@ -1,15 +1,31 @@
 """attention.py: masks, the reference, the merge, and every backend against float64."""
+import contextlib
 import math
+from unittest import mock
 
 import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
-from minillm import attention
+from minillm import attention, kernels
 from minillm.attention import (AttentionBatch, causal_mask, gather_kv, merge_attention, split_decodes,
                                paged_attention, reference_attention, sdpa_attention, write_kv)
 from minillm.kv_cache import BlockManager
+
+
+# Decodes take the compiled paged kernel where it is built, else the gather
+# into torch's fused kernel: the tests below hold both to the reference.
+DECODE_PATHS = ["paged kernel", "gather"]
+
+
+def _decode_path(name: str):
+    """A context in which decodes take the named path (skips if it cannot)."""
+    if name == "gather":
+        return mock.patch.object(kernels, "paged_decode_available", return_value=False)
+    if not kernels.paged_decode_available():
+        pytest.skip("the CPU paged-decode kernel is not built (python -m minillm.kernels build)")
+    return contextlib.nullcontext()
 
 
 def _qkv(n, m, num_heads=4, num_kv_heads=2, head_dim=8, seed=0, dtype=torch.float64):
@@ -177,11 +193,13 @@ MIXED_STEPS = [
 ]
 
 
+@pytest.mark.parametrize("decodes", DECODE_PATHS)
 @pytest.mark.parametrize("backend", ["reference", "sdpa"])
 @pytest.mark.parametrize("query_lens,cached_lens", MIXED_STEPS)
-def test_paged_attention_backends_agree_with_float64_reference(backend, query_lens, cached_lens):
+def test_paged_attention_backends_agree_with_float64_reference(backend, query_lens, cached_lens, decodes):
     args, seqs = _packed_step(query_lens, cached_lens)
-    out = paged_attention(*args, backend=backend)
+    with _decode_path(decodes):
+        out = paged_attention(*args, backend=backend)
     expected = torch.cat([_loop_attention(q[:, :], k, v)[:] for q, k, v in seqs])
     torch.testing.assert_close(out, expected, atol=1e-10, rtol=0)
 
@@ -193,9 +211,13 @@ def test_paged_attention_sdpa_agrees_with_reference_on_random_packed_steps(lens,
     query_lens, cached_lens = [n for n, _ in lens], [c for _, c in lens]
     args, seqs = _packed_step(query_lens, cached_lens, block_size=block_size, seed=seed)
     expected = torch.cat([reference_attention(q, k, v) for q, k, v in seqs])
-    for backend in ("reference", "sdpa"):
+    for backend, decodes in [("reference", "gather"), ("sdpa", "gather"), ("sdpa", "paged kernel")]:
+        if decodes == "paged kernel" and not kernels.paged_decode_available():
+            continue                                  # not built here; the gather path is checked
         args, _ = _packed_step(query_lens, cached_lens, block_size=block_size, seed=seed)
-        torch.testing.assert_close(paged_attention(*args, backend=backend), expected, atol=1e-10, rtol=0)
+        with _decode_path(decodes):
+            out = paged_attention(*args, backend=backend)
+        torch.testing.assert_close(out, expected, atol=1e-10, rtol=0)
 
 
 @settings(max_examples=25, deadline=None)
@@ -211,9 +233,14 @@ def test_paged_attention_on_scattered_blocks_with_prefixes_read_once_agrees_with
     pool = torch.stack([k_cache, v_cache])[None]          # [layers=1, 2, blocks, bs, Hkv, D]
     prefixes = [None if p is None else (p[0, 0], p[0, 1])
                 for p in attention.read_cached_prefixes(pool, batch)]
-    out = paged_attention(q, k_new, v_new, pool[0, 0], pool[0, 1], batch, "sdpa", prefixes)
     expected = torch.cat([reference_attention(*s) for s in seqs])
-    torch.testing.assert_close(out, expected, atol=1e-10, rtol=0)
+    for decodes in DECODE_PATHS:
+        if decodes == "paged kernel" and not kernels.paged_decode_available():
+            continue
+        batch._plan.clear()
+        with _decode_path(decodes):
+            out = paged_attention(q, k_new, v_new, pool[0, 0], pool[0, 1], batch, "sdpa", prefixes)
+        torch.testing.assert_close(out, expected, atol=1e-10, rtol=0)
 
 
 def test_a_prefix_in_consecutive_blocks_is_read_without_a_copy():
@@ -262,6 +289,7 @@ def test_prefill_chunks_are_computed_without_any_mask_tensor(monkeypatch):
 
 
 def test_decodes_of_one_length_need_no_mask_and_of_many_lengths_one_per_bucket(monkeypatch):
+    monkeypatch.setattr(kernels, "paged_decode_available", lambda: False)     # the gather path
     calls = _record_sdpa_calls(monkeypatch)
     args, seqs = _packed_step([1, 1, 1], [7, 7, 7])
     torch.testing.assert_close(paged_attention(*args, backend="sdpa"),
@@ -283,6 +311,7 @@ def test_a_long_decode_is_not_padded_onto_short_ones(monkeypatch):
     lens = [3, 900, 5, 4, 1200, 6]
     cuts = split_decodes(sorted(lens))
     assert [i for span in cuts for i in range(*span)] == list(range(len(lens)))   # every decode once
+    monkeypatch.setattr(kernels, "paged_decode_available", lambda: False)     # the gather path
     calls = _record_sdpa_calls(monkeypatch)
     args, seqs = _packed_step([1] * len(lens), [n - 1 for n in lens], block_size=16)
     torch.testing.assert_close(paged_attention(*args, backend="sdpa"),

@@ -11,9 +11,9 @@ device. The recipe:
    `prefill.prepare_step`;
 2. fit effective GEMM FLOP/s, bandwidth, per-kernel, per-step and
    per-sequence overheads, and attention's own FLOP/s and K/V read bandwidth
-   (a decode over a long context on a CPU costs far more than its bytes at
-   the weights' bandwidth: the paged cache is gathered, then read by a kernel
-   that runs well below peak for one query row), by least squares on the
+   (a decode over a long context on a CPU costs more than its bytes at the
+   weights' bandwidth: the paged kernel, or the gather and torch's fused
+   kernel, run well below peak for one query row), by least squares on the
    relative error. With an additive blend (overlap_exponent = 1) and no tiles
    or floors, predict_step's time is LINEAR in these seven (FACTORS), so the
    fit is exact linear algebra over predict_step itself;

@@ -48,7 +48,8 @@ class Hardware:
     attention_efficiency: float = 1.0    # fraction of peak a flash-attention kernel sustains
     bandwidth_efficiency: float = 1.0    # fraction of bandwidth a weight-streaming GEMV sustains
     # fraction of bandwidth attention's K/V reads sustain; None: as bandwidth_efficiency.
-    # On a CPU a paged cache is gathered (copied) before the attention kernel reads it.
+    # On a CPU a decode reads its paged cache far below the machine's bandwidth (a
+    # gather copy first, or a simple compiled kernel on one query row).
     attention_bandwidth_efficiency: float | None = None
     gemm_tile_m: int = 1                 # GEMM M (tokens) is padded to a multiple of this
     gemm_tile_n: int = 1                 # GEMM N (output features) padded to a multiple of this
@@ -160,7 +161,13 @@ def _calibration_key(device, dtype, shapes, statistic, cache_path):
     if statistic not in ("min", "median"):
         raise ValueError(f"statistic={statistic!r}: choose 'median' or 'min'")
     dtype_name = str(dtype).removeprefix("torch.")
-    key = (str(dev), dtype_name, torch.__version__, "tiny", repr(shapes), f"{len(FACTORS)} factors", statistic)
+    from .. import attention
+    # A decode costs what its kernel costs: a fit made while decodes gathered
+    # their cache does not describe the paged kernel, and the other way round.
+    decodes = "paged kernel" if attention.uses_paged_decode_kernel(torch.empty(0, dtype=dtype, device=dev)) \
+        else "gather"
+    key = (str(dev), dtype_name, torch.__version__, "tiny", repr(shapes), f"{len(FACTORS)} factors", statistic,
+           f"decodes: {decodes}")
     path = Path(cache_path) if cache_path is not None else \
         cache_dir() / f"steps-{dev.type}{dev.index or ''}-{dtype_name}-torch{torch.__version__}.json"
     return dev, dtype, shapes, key, path

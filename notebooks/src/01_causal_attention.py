@@ -361,12 +361,43 @@ for backend in ["reference", "sdpa"]:
 # Both backends agree with the reference to float64 rounding. In the `sdpa` backend a
 # prefill chunk takes its own keys straight from the step and reads its cached prefix
 # from the pool as a view when its blocks are consecutive (the model reads it once per
-# step for every layer, copying only when the blocks are scattered). Decodes go in
-# buckets of up to 8 of similar length, one call per bucket, their caches padded to the
-# longest. Where padding would read more keys than another call costs, the bucket is cut
-# (`split_decodes`: one decode over 2,100 tokens does not drag four over 200 up to its
-# length). The padding mask of each bucket is planned once per step, and a bucket whose
-# requests have one length needs none. The cut, for four short decodes and one long one:
+# step for every layer, copying only when the blocks are scattered).
+#
+# Decodes take one of two paths. Torch's fused kernels want a request's keys in one
+# tensor, so without help a decode's blocks are first gathered (copied) out of the pool,
+# every layer of every step. A **paged kernel** skips the copy: it reads each block
+# where it lies, through the block table, as vLLM's kernels and flash-attn's
+# `block_table` do. The engine ships a small one for the CPU,
+# `minillm/kernels/paged_decode.cpp`, compiled once by `make` (`python -m minillm.kernels
+# build`, a C++ compiler needed); where it is built, CPU decodes in float32 or float64
+# go to it, and the step above used it if this machine has it:
+
+# %% slideshow={"slide_type": "fragment"}
+# NBVAL_IGNORE_OUTPUT
+from minillm import kernels
+from minillm.attention import uses_paged_decode_kernel
+
+print("decodes on this machine:", "the paged kernel" if uses_paged_decode_kernel(torch.cat(q_new))
+      else "gathered, then torch's fused kernel")
+
+# %% [markdown]
+# Its heart is two passes over the request's blocks, front to back: every score, a
+# softmax per head, then the probability-weighted sum of the values. One token's keys
+# for all KV heads are one contiguous row of the pool, so each byte is read once and
+# nothing is copied:
+
+# %% slideshow={"slide_type": "subslide"}
+source = kernels.SOURCE.read_text()
+print(source[source.index("      // Pass 1"):source.index("      T* ob = out")])
+
+# %% [markdown]
+# Without the kernel (no compiler, a bf16 model, or a GPU, where flash-attn's paged mode
+# is the equivalent), decodes go in buckets of up to 8 of similar length, one call per
+# bucket, their caches gathered and padded to the longest. Where padding would read
+# more keys than another call costs, the bucket is cut (`split_decodes`: one decode over
+# 2,100 tokens does not drag four over 200 up to its length). The padding mask of each
+# bucket is planned once per step, and a bucket whose requests have one length needs
+# none. The cut, for four short decodes and one long one:
 
 # %% slideshow={"slide_type": "fragment"}
 lengths = [200, 200, 200, 200, 2100]

@@ -639,9 +639,10 @@ figures.plot_roofline("llama-3-8b", "A100-80GB")
 # a sweep of shapes (a prefill chunk, some decodes, a cached length), fit this machine's
 # effective FLOP/s, bandwidth and overheads on one sweep (least squares), then predict a
 # *different* sweep and compare. Attention gets its own FLOP rate and its own bandwidth
-# for reading the K/V cache: on a CPU the paged cache is first gathered (copied), and a
-# decode's single query row keeps the kernel far from peak, so a decode over a long
-# context costs much more than its bytes at the weights' bandwidth would say. A small sweep keeps this cell to a few seconds; `python
+# for reading the K/V cache: on a CPU a decode reads it through chapter 1's small paged
+# kernel (or, where that is not built, a gather and then torch's fused kernel), neither
+# near the machine's peak for one query row, so a decode over a long context costs more
+# than its bytes at the weights' bandwidth would say. A small sweep keeps this cell to a few seconds; `python
 # -m minillm bench simulator` runs the full one. Timings depend on the machine and on what
 # else runs on it, so the numbers below change from run to run.
 
