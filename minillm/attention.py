@@ -285,7 +285,7 @@ def paged_attention(q, k_new, v_new, k_cache, v_cache, batch: AttentionBatch,
             v = gather_kv(v_cache, batch.block_tables[b], seq_len)
             out[start:start + n] = reference_attention(q[start:start + n], k, v)
         return out
-    if uses_paged_decode_kernel(q):
+    if uses_paged_decode_kernel(q) and k_cache.is_contiguous() and v_cache.is_contiguous():
         # A paged kernel reads each decode's blocks where they lie: no gather.
         rows, tables, seq_lens = _decode_tables(batch, q.device)
         if len(rows):
