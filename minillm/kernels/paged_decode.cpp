@@ -8,6 +8,9 @@
 // for every KV head is one contiguous row of Hkv x D numbers, so a request
 // streams through its blocks front to back and each byte is read once.
 // Requests run in parallel; each keeps its [L, Hq] scores (a few hundred KB).
+// vLLM's CPU backend has a kernel of the same shape (csrc/cpu/attention.cpp,
+// paged_attention_v1_impl: scores block by block through the table, a
+// softmax, the weighted values), vectorised by hand over its own cache layout.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>

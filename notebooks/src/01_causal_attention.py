@@ -366,8 +366,9 @@ for backend in ["reference", "sdpa"]:
 # Decodes take one of two paths. Torch's fused kernels want a request's keys in one
 # tensor, so without help a decode's blocks are first gathered (copied) out of the pool,
 # every layer of every step. A **paged kernel** skips the copy: it reads each block
-# where it lies, through the block table, as vLLM's kernels and flash-attn's
-# `block_table` do. The engine ships a small one for the CPU,
+# where it lies, through the block table, as vLLM's kernels do (its CPU backend has
+# one, `paged_attention_v1_impl` in `csrc/cpu/attention.cpp`) and flash-attn's
+# `block_table` does. The engine ships a small one for the CPU,
 # `minillm/kernels/paged_decode.cpp`, compiled once by `make` (`python -m minillm.kernels
 # build`, a C++ compiler needed); where it is built, CPU decodes in float32 or float64
 # go to it, and the step above used it if this machine has it:
