@@ -298,8 +298,10 @@ print("after freeing every request:", demo.num_free_blocks, "free blocks, 0 leak
 # two prompts through one `ModelRunner` in alternating chunks, so their blocks interleave,
 # then gather each request's KV through its block table and compare with a prefill of that
 # prompt alone. `PagedKVCache.gather` reads every layer at once with `kv_cache.gather_kv`,
-# the one gather the engine has (attention reads a chunk's cached prefix with it too):
-# a view when the blocks are consecutive in the pool, one copy when they are not.
+# which attention also uses to read a prefill chunk's cached prefix: a view when the
+# blocks are consecutive in the pool, one copy when they are not. (Decodes read their
+# blocks in place through chapter 1's paged kernel, or, where it is not built, gather
+# them in buckets.)
 
 # %% slideshow={"slide_type": "subslide"}
 show_source(kv_cache.gather_kv)
