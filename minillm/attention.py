@@ -287,7 +287,7 @@ def paged_attention(q, k_new, v_new, k_cache, v_cache, batch: AttentionBatch,
         return out
     if uses_paged_decode_kernel(q) and k_cache.is_contiguous() and v_cache.is_contiguous():
         # A paged kernel reads each decode's blocks where they lie: no gather.
-        rows, tables, seq_lens = _decode_tables(batch, q.device)
+        rows, tables, seq_lens = _decode_tables(batch)
         if len(rows):
             out[rows] = kernels.paged_decode(q[rows], k_cache, v_cache, tables, seq_lens, q.shape[-1] ** -0.5)
     else:
@@ -316,9 +316,10 @@ def uses_paged_decode_kernel(q: torch.Tensor) -> bool:
             and kernels.paged_decode_available())
 
 
-def _decode_tables(batch: AttentionBatch, device):
+def _decode_tables(batch: AttentionBatch):
     """(rows [n], block tables [n, width], seq_lens [n]) of the step's decodes,
-    built once per step for the paged kernel; no padding, no sorting."""
+    built once per step for the paged kernel (a CPU kernel: CPU tensors); no
+    padding, no sorting."""
     if "decode_tables" not in batch._plan:
         decodes = [b for b, n in enumerate(batch.query_lens) if n == 1]
         width = max((len(batch.block_tables[b]) for b in decodes), default=0)
@@ -326,8 +327,7 @@ def _decode_tables(batch: AttentionBatch, device):
         for j, b in enumerate(decodes):
             tables[j, :len(batch.block_tables[b])] = torch.as_tensor(batch.block_tables[b])
         starts, seq_lens = batch.row_starts(), batch.seq_lens
-        batch._plan["decode_tables"] = (torch.as_tensor([starts[b] for b in decodes], dtype=torch.long),
-                                        tables.to(device),
+        batch._plan["decode_tables"] = (torch.as_tensor([starts[b] for b in decodes], dtype=torch.long), tables,
                                         torch.as_tensor([seq_lens[b] for b in decodes], dtype=torch.long))
     return batch._plan["decode_tables"]
 
