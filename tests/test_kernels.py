@@ -107,3 +107,23 @@ def test_the_library_is_named_after_its_source(monkeypatch, tmp_path):
     first = kernels.library_path()
     source.write_text("// two")
     assert kernels.library_path() != first        # an edited kernel is never loaded from an old build
+
+
+def test_build_falls_back_to_plain_flags_where_the_compiler_has_no_openmp(monkeypatch, tmp_path):
+    import torch.utils.cpp_extension as cpp_extension
+
+    calls = []
+
+    def fake_load(name, sources, extra_cflags, extra_ldflags, build_directory, **_):
+        calls.append(extra_cflags)
+        if "-fopenmp" in extra_cflags:
+            raise RuntimeError("clang: error: unsupported option '-fopenmp'")
+        (tmp_path / f"{name}.so").write_bytes(b"")
+
+    monkeypatch.setattr(kernels, "BUILD_DIR", tmp_path)
+    monkeypatch.setattr(cpp_extension, "load", fake_load)
+    (tmp_path / "minillm_paged_decode_000000000000.so").write_bytes(b"")      # an older build
+    path = kernels.build()
+    assert calls == [["-O3", "-march=native", "-fopenmp"], ["-O3"]]
+    assert path.exists() and [p.name for p in tmp_path.glob("*.so")] == [path.name]
+    assert kernels.build() == path and len(calls) == 2                    # built: nothing to do

@@ -79,10 +79,17 @@ def build(verbose: bool = False) -> Path:
     if path.exists():
         return path
     BUILD_DIR.mkdir(parents=True, exist_ok=True)
-    name = path.stem
-    flags = ["-O3", "-march=native", "-fopenmp"]
-    load(name=name, sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
-         build_directory=str(BUILD_DIR), is_python_module=False, verbose=verbose)
+    # Vectorised for this CPU and threaded with OpenMP where the compiler can;
+    # plain -O3 (one thread per call) where it cannot, as Apple's clang.
+    attempts = [(["-O3", "-march=native", "-fopenmp"], ["-fopenmp"]), (["-O3"], [])]
+    for i, (cflags, ldflags) in enumerate(attempts):
+        try:
+            load(name=path.stem, sources=[str(SOURCE)], extra_cflags=cflags, extra_ldflags=ldflags,
+                 build_directory=str(BUILD_DIR), is_python_module=False, verbose=verbose)
+            break
+        except Exception:
+            if i == len(attempts) - 1:
+                raise
     for old in BUILD_DIR.glob("minillm_paged_decode_*.so"):
         if old != path:
             old.unlink()                        # built from an older source or another torch
