@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 import minillm
 import minillm.grading as ex
+from minillm import kernels
 from minillm.attention import AttentionBatch, causal_mask, merge_attention, reference_attention
 from minillm.config import ModelConfig
 from minillm.kv_cache import BlockManager, PagedKVCache, blocks_for, blocks_that_fit
@@ -192,6 +193,9 @@ CASES = {
          _top_left_attention(q, k, v), "top-left"),
         ("tiled_heads", lambda q, k, v: attention(q, k.repeat(1, q.shape[1] // k.shape[1], 1),
                                                   v.repeat(1, q.shape[1] // k.shape[1], 1)), "repeat_interleave"),
+        *([("paged_kernel", lambda q, k, v: _paged_kernel_attention(q, k, v, via_ops=False), "engine's own answer"),
+           ("paged_kernel_op", lambda q, k, v: _paged_kernel_attention(q, k, v, via_ops=True),
+            "engine's own answer")] if kernels.paged_decode_available() else []),
     ]),
     "check_merge_attention": (merge, [
         ("engine", lambda *a: merge_attention(*a), "engine's own answer"),
@@ -348,6 +352,18 @@ def _top_left_attention(q, k, v):
     scores = torch.einsum("nhd,mhd->hnm", q, k) / math.sqrt(q.shape[-1])
     scores = scores.masked_fill(~torch.ones(q.shape[0], k.shape[0]).tril().bool(), float("-inf"))
     return torch.einsum("hnm,mhd->nhd", scores.softmax(-1), v)
+
+
+def _paged_kernel_attention(q, k, v, via_ops):
+    """Each query row as a decode over its visible keys, through the engine's paged kernel."""
+    n, m = q.shape[0], k.shape[0]
+    kernel = torch.ops.minillm.paged_decode if via_ops else kernels.paged_decode
+    rows = []
+    for i in range(n):
+        visible = m - n + i + 1
+        rows.append(kernel(q[i:i + 1].contiguous(), k[None, :visible].contiguous(), v[None, :visible].contiguous(),
+                           torch.zeros(1, 1, dtype=torch.long), torch.tensor([visible]), q.shape[-1] ** -0.5))
+    return torch.cat(rows)
 
 
 def _engine_rms(x, w, eps):

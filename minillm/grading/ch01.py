@@ -20,7 +20,8 @@ __all__ = ["check_causal_mask", "check_attention", "check_merge_attention"]
 _MASKS = ("minillm.attention.causal_mask", "torch.nn.attention.bias.causal_lower_right",
           "torch.nn.attention.bias.causal_upper_left")
 _ATTENTION = ("minillm.attention.reference_attention", "minillm.attention.sdpa_attention",
-              "minillm.attention.paged_attention", "torch.nn.functional.scaled_dot_product_attention")
+              "minillm.attention.paged_attention", "torch.nn.functional.scaled_dot_product_attention",
+              "minillm.kernels.paged_decode", "torch.ops.minillm.paged_decode")
 
 
 def _random_qkv(rng: random.Random, n: int, m: int):
