@@ -31,6 +31,12 @@ def test_unknown_hardware_is_a_value_error_naming_it_and_the_choices():
         get_hardware("B200")
 
 
+def test_a_dtype_the_widths_do_not_know_is_refused_by_name():
+    assert Hardware("x", 1e12, 1e11, dtype="float32").dtype_bytes == 4
+    with pytest.raises(ValueError, match="dtype='torch.float32'"):
+        Hardware("x", 1e12, 1e11, dtype="torch.float32")
+
+
 def test_bad_efficiency_is_named():
     with pytest.raises(ValueError, match="gemm_efficiency=1.5"):
         Hardware("x", 1e12, 1e11, gemm_efficiency=1.5)

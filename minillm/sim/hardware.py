@@ -27,7 +27,7 @@ import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from ..validation import check_int, check_real
+from ..validation import check_choice, check_int, check_real
 
 __all__ = ["Hardware", "PROFILES", "get_hardware", "calibrate", "is_calibrated", "cache_dir"]
 
@@ -67,11 +67,13 @@ class Hardware:
                     "attention_bandwidth_efficiency"):
             check_real(arg, getattr(self, arg), 0, 1, exclusive_minimum=True, hint="a fraction such as 0.7",
                        allow_none=arg == "attention_bandwidth_efficiency")
+        # A name the widths do not know would count bytes at a guessed width.
+        check_choice("dtype", self.dtype, DTYPE_WIDTHS, hint="the torch dtype's name without 'torch.'")
 
     @property
     def dtype_bytes(self) -> int:
         """Bytes per element of the dtype the profile was measured at (bfloat16: 2)."""
-        return DTYPE_WIDTHS.get(self.dtype, 2)
+        return DTYPE_WIDTHS[self.dtype]
 
     @property
     def attention_bandwidth_bytes_s(self) -> float:
