@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import host_memory
 from .attention import AttentionBatch
 from .kv_cache import BlockManager, PagedKVCache
 
@@ -30,6 +31,9 @@ class ModelRunner:
         self.model = model
         self.block_manager = block_manager
         self.backend = backend
+        # A big step's activations would otherwise be mmapped and page-faulted
+        # in afresh every step (host_memory.py).
+        host_memory.keep_freed_memory()
         self.kv_cache = PagedKVCache.for_model(model.cfg, block_manager.num_blocks,
                                                block_manager.block_size, model.dtype, model.device)
 

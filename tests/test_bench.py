@@ -50,3 +50,16 @@ def test_hf_race_rounds_report_the_median_speedup_within_its_range_and_identical
     low, high = r["speedup_spread"]
     assert r["rounds"] == 2 and 0 < low <= r["speedup"] <= high
     assert r["identical_requests"] == 3 and r["first_mismatch"] is None
+
+
+def test_bench_steps_times_each_step_on_both_sides_of_the_allocator_setting():
+    from minillm.book.bench_steps import bench_steps, report
+
+    r = bench_steps("gqa2", processes=1, repeats=1, steps={"decode 2 x 40": [(1, 40)] * 2, "prefill 24": [(24, 0)]})
+    assert [row["step"] for row in r["rows"]] == ["decode 2 x 40", "prefill 24"]
+    for row in r["rows"]:
+        assert row["before_s"] > 0 and row["after_s"] > 0
+        assert row["after_over_before"] == pytest.approx(row["after_s"] / row["before_s"])
+    assert "prefill 24" in report(r)
+    with pytest.raises(ValueError, match="processes=0"):
+        bench_steps("gqa2", processes=0)

@@ -17,6 +17,8 @@ asserts in tests (shared machines are noisy).
   memory        heap growth per request of a long-running engine (bench_memory.py)
   lab           the chapter-7 lab's response: a cached slider move, a new setting
   capacity      Sarathi-Serve's capacity headline reproduced on the simulator
+  steps         single steps (decode, prefill, mixed) with glibc's defaults and
+                with freed host memory kept (bench_steps.py, host_memory.py)
 """
 from __future__ import annotations
 
@@ -475,16 +477,17 @@ def main(argv: list[str]) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m minillm bench")
     parser.add_argument("which", choices=["chunk-cost", "interference", "hf", "hf-real", "simulator", "memory",
-                                          "lab", "capacity", "prefix-cache", "partial-prefills", "all"],
+                                          "lab", "capacity", "prefix-cache", "partial-prefills", "steps", "all"],
                         nargs="?", default="all")
     parser.add_argument("--out", default="bench-results", help="folder for the JSON results and figures")
     parser.add_argument("--shape", choices=sorted(BENCH_SHAPES) + ["all"], default="tiny",
-                        help="model shape for chunk-cost, interference and hf ('all': each in turn)")
+                        help="model shape for chunk-cost, interference, hf and steps ('all': each in turn)")
     parser.add_argument("--prompt-len", type=int, default=2048)
     parser.add_argument("--num-decoders", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5, help="chunk-cost: runs per ratio (median)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="interference and hf: rounds of the whole race (medians and ranges reported)")
+    parser.add_argument("--processes", type=int, default=3, help="steps: processes per side")
     parser.add_argument("--chunk-sizes", default="64,128,256,512,1024",
                         help="interference: comma-separated chunk sizes (256 is the headline)")
     parser.add_argument("--memory-requests", type=int, default=20_000, help="requests served by `memory`")
@@ -595,6 +598,13 @@ def _run_shape(args, shape: str, out: Path) -> dict:
               f"{ranges['itl_max_reduction']}, p99 ITL {h['itl_p99_reduction']:.1f}x lower"
               f"{ranges['itl_p99_reduction']}, long-prompt TTFT x{h['long_ttft_growth']:.2f}"
               f"{ranges['long_ttft_growth']}")
+    if args.which in ("steps", "all"):
+        from .bench_steps import bench_steps, report
+        r = bench_steps(shape, processes=args.processes)
+        results["steps"] = r
+        print(f"\nSingle steps, {described}: glibc's defaults against freed host memory kept "
+              f"(host_memory.py), {r['processes']} processes a side, alternating, the fastest of each")
+        print(report(r))
     if args.which in ("hf", "all"):
         r = bench_hf(shape=shape, rounds=args.rounds)
         results["hf"] = r

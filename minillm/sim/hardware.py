@@ -168,8 +168,9 @@ def _calibration_key(device, dtype, shapes, statistic, cache_path):
     # their cache does not describe the paged kernel, and the other way round.
     decodes = "paged kernel" if attention.uses_paged_decode_kernel(torch.empty(0, dtype=dtype, device=dev)) \
         else "gather"
+    from .. import host_memory
     key = (str(dev), dtype_name, torch.__version__, "tiny", repr(shapes), f"{len(FACTORS)} factors", statistic,
-           f"decodes: {decodes}")
+           f"decodes: {decodes}", f"freed host memory kept: {host_memory.keep_freed_memory()}")
     path = Path(cache_path) if cache_path is not None else \
         cache_dir() / f"steps-{dev.type}{dev.index or ''}-{dtype_name}-torch{torch.__version__}.json"
     return dev, dtype, shapes, key, path
