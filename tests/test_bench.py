@@ -11,6 +11,20 @@ def test_chunk_cost_times_the_engine_path_and_predicts_from_the_step_floor():
     assert r["step_floor_s"] > 0 and r["whole_prefill_s"] > 0
     # More steps, more fixed costs: the prediction grows as the chunk shrinks.
     assert 1 < r["predicted"]["C=64"] < r["predicted"]["C=32"]
+    # The matmul part: the whole prompt's matmul time, and the chunks' pace against it,
+    # added on top of the fixed costs.
+    m = r["matmuls"]
+    assert m["whole_s"] > 0 and set(m["chunked_over_whole"]) == {"C=64", "C=32"}
+    for name, ratio in m["chunked_over_whole"].items():
+        assert r["predicted_with_matmuls"][name] == pytest.approx(
+            r["predicted"][name] + m["whole_s"] * (ratio - 1) / r["whole_prefill_s"])
+
+
+def test_matmul_rows_times_the_same_rows_whole_and_in_chunks():
+    model = bench.bench_model("gqa2")
+    m = bench.bench_matmul_rows(model, 256, (64,), repeats=1)
+    assert m["whole_s"] > 0
+    assert m["chunked_over_whole"]["C=64"] > 0
 
 
 def test_prefill_seconds_returns_the_cache_it_used():

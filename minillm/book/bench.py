@@ -123,11 +123,18 @@ def bench_chunk_cost(shape: str = "tiny", prompt_len: int = 2048, chunk_sizes=(2
                                                          / whole_s[-1])
         floor_s.append(statistics.median(_seconds(floor_step) for _ in range(5)))
     whole, floor = statistics.median(whole_s), statistics.median(floor_s)
+    matmuls = bench_matmul_rows(model, prompt_len, chunk_sizes)
     return {"shape": shape, "device": str(model.device), "prompt_len": prompt_len,
             "whole_prefill_s": whole, "step_floor_s": floor,
             "chunks_over_whole": {name: statistics.median(r) for name, r in ratios.items()},
             "predicted": {f"C={size}": 1 + (-(-prompt_len // size) - 1) * floor / whole
                           for size in chunk_sizes},
+            "matmuls": matmuls,
+            # Fixed price per extra step, plus the matmuls' slower pace on fewer rows.
+            "predicted_with_matmuls": {
+                f"C={size}": 1 + ((-(-prompt_len // size) - 1) * floor
+                                  + matmuls["whole_s"] * (matmuls["chunked_over_whole"][f"C={size}"] - 1)) / whole
+                for size in chunk_sizes},
             "spread": {name: (min(r), max(r)) for name, r in ratios.items()},
             "prefix_read": bench_prefix_read(model, prompt_len - chunk_sizes[0])}
 
@@ -155,6 +162,38 @@ def _prefill_seconds(runner, tokens: list[int], chunk_size: int) -> float:
         return total
     finally:
         blocks.free("prompt")
+
+
+def bench_matmul_rows(model, prompt_len: int, chunk_sizes, repeats: int = 5) -> dict:
+    """The model's matmuls on a whole prompt's rows against the same rows in chunks.
+
+    Chunking does not change the matmuls' FLOPs, but a BLAS runs a matrix
+    product of 64 or 256 rows slower per row than one of 2048: each call
+    re-reads (and repacks) the whole weight for fewer rows. Times every
+    Linear of one layer (all layers have the same shapes) on prompt_len rows
+    and on chunk-sized rows, interleaved; whole_s is the model's matmul time
+    for the whole prompt (one layer's x num_layers).
+    """
+    layer = model.model.layers[0]
+    linears = [m for m in layer.modules() if isinstance(m, torch.nn.Linear)]
+    sizes = (prompt_len, *chunk_sizes)
+    inputs = {m: {rows: torch.randn(rows, m.in_features, dtype=model.dtype, device=model.device)
+                  for rows in sizes} for m in linears}
+
+    def all_linears(rows):
+        with torch.inference_mode():
+            for m in linears:
+                m(inputs[m][rows])
+
+    times = {rows: [] for rows in sizes}
+    for rows in sizes:
+        all_linears(rows)                                                   # warm-up
+    for _ in range(repeats):
+        for rows in sizes:
+            times[rows].append(_seconds(lambda: all_linears(rows)))
+    per_row = {rows: statistics.median(t) / rows for rows, t in times.items()}
+    return {"whole_s": per_row[prompt_len] * prompt_len * len(model.model.layers),
+            "chunked_over_whole": {f"C={size}": per_row[size] / per_row[prompt_len] for size in chunk_sizes}}
 
 
 def bench_prefix_read(model, num_cached: int, repeats: int = 20) -> dict:
@@ -570,10 +609,14 @@ def _run_shape(args, shape: str, out: Path) -> dict:
               f"{args.repeats} runs")
         for name, ratio in r["chunks_over_whole"].items():
             low, high = r["spread"][name]
-            predicted = f"; one step's fixed cost predicts x{r['predicted'][name]:.3f}" if name in r["predicted"] else ""
+            predicted = (f"; fixed cost predicts x{r['predicted'][name]:.3f}, with the matmuls' pace "
+                         f"x{r['predicted_with_matmuls'][name]:.3f}") if name in r["predicted"] else ""
             print(f"  {name:>18}: x{ratio:.3f} the whole prefill (runs {low:.3f}-{high:.3f}){predicted}")
         print(f"  one step's fixed cost (a one-token step: every weight read, every operator launched): "
               f"{r['step_floor_s'] * 1e3:.2f} ms")
+        m = r["matmuls"]
+        print(f"  the model's matmuls alone ({m['whole_s'] * 1e3:.0f} ms for the whole prompt), the same rows "
+              f"in chunks: " + ", ".join(f"{name} x{ratio:.2f}" for name, ratio in m["chunked_over_whole"].items()))
         p = r["prefix_read"]
         print(f"  reading a {args.prompt_len - 256}-token cached prefix, every layer: per-layer gather "
               f"{p['before_per_layer_s'] * 1e3:.2f} ms/step; once per step "
