@@ -496,11 +496,13 @@ assert best_ttft["chunked C=64"] > 0.8 * best_ttft["prefill_first"]
 
 # %% [markdown]
 # With 64-token chunks (16 passes) the delay shows clearly in the ratios printed above.
-# With 256-token chunks (4 passes) the extra work is small, and that ratio can come out
-# on either side of 1: partly the noise left even in the best of three runs on a shared
-# CPU, partly because a CPU does not run a 1024-token pass at exactly four times the cost
-# of a 256-token one. The assert checks the clear case, allowing 20% for noise; the work
-# count above is the exact argument. On a GPU, where each pass has a fixed cost and a
+# With 256-token chunks (4 passes) the extra work is small, and in one sitting that ratio
+# can come out on either side of 1: the best of three runs still carries a shared CPU's
+# noise. The price is real all the same. Besides each pass's fixed cost, the CPU's matrix
+# library runs a product of 256 rows slower per row than one of 1024 (each call re-reads
+# the whole weight for fewer rows): same FLOPs, slower pace. `python -m minillm bench
+# chunk-cost` times both and how much of chunking's cost they explain. The assert checks
+# the clear case, allowing 20% for noise; the work count above is the exact argument. On a GPU, where each pass has a fixed cost and a
 # 1024-token pass is no less efficient than a small one, chunked TTFT is above
 # `prefill_first`'s (chapter 7's simulator shows it at the scale of an 8B model).
 # The articles' own numbers say the same: a 2048-token prompt in 512-token chunks takes 4
