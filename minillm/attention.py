@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from . import kernels
-from .kv_cache import blocks_for, gather_kv
+from .kv_cache import blocks_for, first_of_consecutive_blocks, gather_kv
 
 BACKENDS = ("reference", "sdpa", "flash")
 FLASH_BLOCK_MULTIPLE = 256  # flash-attn's paged KV needs page sizes divisible by 256
@@ -253,14 +253,21 @@ def write_kv(k_cache, v_cache, k_new, v_new, slot_mapping):
 
 
 def read_cached_prefixes(pool: torch.Tensor, batch: AttentionBatch) -> list:
-    """Each prefill chunk's cached prefix, every layer at once, once per step.
+    """Each prefill chunk's cached prefix for every layer at once, where that is free.
 
     pool: [num_layers, 2, num_blocks, block_size, Hkv, D] -> per request a
-    [num_layers, 2, num_cached, Hkv, D] tensor (None for decodes and for
-    prompts with nothing cached). A view when the blocks are consecutive; else
-    one copy for the whole step instead of one per layer.
+    [num_layers, 2, num_cached, Hkv, D] view of the pool when its blocks are
+    consecutive: nothing copied, for any layer. None for decodes, for prompts
+    with nothing cached, and for prefixes in scattered blocks: each layer
+    gathers those itself, one copy of its K and one of its V, read while they
+    are still in the CPU's cache. (One copy of every layer's prefix per step
+    was no faster on the small models and ~5x slower on SmolLM2's 30 layers:
+    tens of MB written out and read back; `bench chunk-cost` times both.)
     """
-    return [gather_kv(pool, table, c) if n > 1 and c > 0 else None
+    block_size = pool.shape[-3]
+    return [gather_kv(pool, table, c)
+            if n > 1 and c > 0 and first_of_consecutive_blocks(table, blocks_for(c, block_size)) is not None
+            else None
             for n, c, table in zip(batch.query_lens, batch.cached_lens, batch.block_tables)]
 
 
@@ -269,8 +276,9 @@ def paged_attention(q, k_new, v_new, k_cache, v_cache, batch: AttentionBatch,
     """Write the new K/V into the cache, then attend for every request.
 
     q: [T, Hq, D]; k_new, v_new: [T, Hkv, D] -> out [T, Hq, D]
-    prefixes: this layer's (k, v) cached prefix of each prefill chunk, if the
-    caller read them for the whole step (read_cached_prefixes); else read here.
+    prefixes: this layer's (k, v) cached prefix of each prefill chunk where the
+    caller has it as a view for the whole step (read_cached_prefixes); None
+    entries (or prefixes=None) are gathered here.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: must be one of {BACKENDS}")

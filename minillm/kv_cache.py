@@ -42,13 +42,20 @@ def gather_kv(cache: torch.Tensor, block_table: list[int], num_tokens: int) -> t
     the blocks, all at once.
     """
     num_blocks = blocks_for(num_tokens, cache.shape[-3])
-    table = list(block_table[:num_blocks])
-    first = table[0] if table else 0
-    if table == list(range(first, first + num_blocks)):
+    first = first_of_consecutive_blocks(block_table, num_blocks)
+    if first is not None:
         picked = cache.narrow(-4, first, num_blocks)                  # a view
     else:
-        picked = cache.index_select(-4, torch.as_tensor(table, device=cache.device))
+        picked = cache.index_select(-4, torch.as_tensor(block_table[:num_blocks], device=cache.device))
     return picked.flatten(-4, -3).narrow(-3, 0, num_tokens)
+
+
+def first_of_consecutive_blocks(block_table: list[int], num_blocks: int) -> int | None:
+    """The first block if the table's first num_blocks are consecutive in the
+    pool (then a view can read them), else None."""
+    table = list(block_table[:num_blocks])
+    first = table[0] if table else 0
+    return first if table == list(range(first, first + num_blocks)) else None
 
 
 def _check_num_tokens(num_tokens, arg: str = "num_tokens") -> int:

@@ -192,9 +192,9 @@ class LlamaModel(nn.Module):
         backend = backend or self.backend
         x = self.model.embed_tokens(token_ids)                       # [T, hidden]
         cos, sin = rope_cos_sin(self.cfg, positions, x.dtype)      # [T, D]
-        # Each prefill chunk's cached prefix, read once for the step (every
-        # layer's K and V at once), not once per layer.
-        prefixes = read_cached_prefixes(kv_cache.data, batch)      # [L, 2, cached, Hkv, D] each
+        # Each prefill chunk's cached prefix as one view of the pool for every
+        # layer where its blocks are consecutive; scattered ones each layer gathers.
+        prefixes = read_cached_prefixes(kv_cache.data, batch)      # [L, 2, cached, Hkv, D] or None
         for i, layer in enumerate(self.model.layers):
             k_cache, v_cache = kv_cache.layer(i)
             layer_prefixes = [None if p is None else (p[i, 0], p[i, 1]) for p in prefixes]

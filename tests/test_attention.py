@@ -225,7 +225,8 @@ def test_paged_attention_sdpa_agrees_with_reference_on_random_packed_steps(lens,
        block_size=st.sampled_from([1, 3, 4]), group=st.sampled_from([1, 2, 4]), seed=st.integers(0, 10**6))
 def test_paged_attention_on_scattered_blocks_with_prefixes_read_once_agrees_with_reference(
         lens, block_size, group, seed):
-    """The model's path: prefixes read for the whole step (copied when the blocks are scattered)."""
+    """The model's path: prefixes as views for the whole step where the blocks are
+    consecutive, gathered by the layer where they are scattered."""
     query_lens, cached_lens = [n for n, _ in lens], [c for _, c in lens]
     args, seqs = _packed_step(query_lens, cached_lens, block_size=block_size, num_heads=2 * group,
                               seed=seed, interleave=True)
@@ -241,6 +242,22 @@ def test_paged_attention_on_scattered_blocks_with_prefixes_read_once_agrees_with
         with _decode_path(decodes):
             out = paged_attention(q, k_new, v_new, pool[0, 0], pool[0, 1], batch, "sdpa", prefixes)
         torch.testing.assert_close(out, expected, atol=1e-10, rtol=0)
+
+
+def test_the_step_reads_a_consecutive_prefix_as_a_view_and_leaves_a_scattered_one_to_each_layer():
+    for interleave, expect_view in [(False, True), (True, False)]:
+        args, _ = _packed_step([3, 3, 1], [9, 9, 5], interleave=interleave)
+        _, _, _, k_cache, v_cache, batch = args
+        pool = torch.stack([k_cache, v_cache])[None]          # [layers=1, 2, blocks, bs, Hkv, D]
+        prefixes = attention.read_cached_prefixes(pool, batch)
+        assert prefixes[2] is None                            # a decode reads its own blocks
+        for prefix, table, cached in zip(prefixes[:2], batch.block_tables, batch.cached_lens):
+            if not expect_view:
+                assert prefix is None                         # no whole-step copy of every layer
+                continue
+            assert prefix.untyped_storage().data_ptr() == pool.untyped_storage().data_ptr()
+            assert torch.equal(prefix[0, 0], gather_kv(k_cache, table, cached))
+            assert torch.equal(prefix[0, 1], gather_kv(v_cache, table, cached))
 
 
 def test_a_prefix_in_consecutive_blocks_is_read_without_a_copy():

@@ -360,8 +360,9 @@ for backend in ["reference", "sdpa"]:
 # %% [markdown]
 # Both backends agree with the reference to float64 rounding. In the `sdpa` backend a
 # prefill chunk takes its own keys straight from the step and reads its cached prefix
-# from the pool as a view when its blocks are consecutive (the model reads it once per
-# step for every layer, copying only when the blocks are scattered).
+# from the pool as a view when its blocks are consecutive (the model takes that view
+# once per step for every layer); only a prefix in scattered blocks is copied, one
+# gather per layer, read while it is still in the CPU's cache.
 #
 # Decodes take one of two paths. Torch's fused kernels want a request's keys in one
 # tensor, so without help a decode's blocks are first gathered (copied) out of the pool,
