@@ -1,4 +1,5 @@
 """The compiled CPU paged-decode kernel (minillm/kernels): against the reference, and in the engine."""
+import numpy as np
 import pytest
 import torch
 
@@ -109,6 +110,21 @@ def test_the_library_is_named_after_its_source(monkeypatch, tmp_path):
     assert kernels.library_path() != first        # an edited kernel is never loaded from an old build
 
 
+def test_the_library_is_named_after_its_build_flags_too(monkeypatch):
+    first = kernels.library_path()
+    monkeypatch.setattr(kernels, "BUILD_ATTEMPTS", [(["-O2"], [])])
+    assert kernels.library_path() != first        # other flags, another library
+
+
+@needs_kernel
+def test_loading_the_kernel_leaves_tiny_floats_alone():
+    # Compiled with -ffast-math but not linked with it: no flush-to-zero for
+    # the rest of the process (numpy, torch, the learner's code).
+    assert kernels.paged_decode_available()
+    assert (torch.tensor([1e-39], dtype=torch.float32) * 0.5).item() > 0
+    assert np.float32(1e-39) * np.float32(0.5) > 0
+
+
 def test_build_falls_back_to_plain_flags_where_the_compiler_has_no_openmp(monkeypatch, tmp_path):
     import torch.utils.cpp_extension as cpp_extension
 
@@ -124,6 +140,6 @@ def test_build_falls_back_to_plain_flags_where_the_compiler_has_no_openmp(monkey
     monkeypatch.setattr(cpp_extension, "load", fake_load)
     (tmp_path / "minillm_paged_decode_000000000000.so").write_bytes(b"")      # an older build
     path = kernels.build()
-    assert calls == [["-O3", "-march=native", "-fopenmp"], ["-O3"]]
+    assert calls == [["-O3", "-march=native", "-fopenmp", "-ffast-math"], ["-O3", "-ffast-math"]]
     assert path.exists() and [p.name for p in tmp_path.glob("*.so")] == [path.name]
     assert kernels.build() == path and len(calls) == 2                    # built: nothing to do

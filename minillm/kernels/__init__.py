@@ -24,17 +24,25 @@ import torch
 SOURCE = Path(__file__).with_name("paged_decode.cpp")
 BUILD_DIR = Path(os.environ.get("MINILLM_KERNEL_DIR", Path(__file__).with_name("_build")))
 _loaded: bool | None = None
+# (compile flags, link flags), tried in turn: vectorised for this CPU and
+# threaded with OpenMP where the compiler can; plain -O3 (one thread per call)
+# where it cannot, as Apple's clang. -ffast-math at compile time only: it lets
+# the softmax call the C library's vector exp; at link time GCC before 13
+# would add crtfastmath.o, which flushes tiny floats to zero process-wide.
+BUILD_ATTEMPTS = [(["-O3", "-march=native", "-fopenmp", "-ffast-math"], ["-fopenmp"]),
+                  (["-O3", "-ffast-math"], [])]
 
 
 def library_path() -> Path:
     """Where the compiled kernel of the current source lives.
 
-    Named after the source, the torch version and this CPU's instruction
-    sets: a library built from an older source, for another torch (another
-    ABI) or with instructions this CPU lacks (-march=native) is never loaded.
+    Named after the source, the build flags, the torch version and this CPU's
+    instruction sets: a library built from an older source or other flags, for
+    another torch (another ABI) or with instructions this CPU lacks
+    (-march=native) is never loaded.
     """
     digest = hashlib.sha256(SOURCE.read_bytes())
-    digest.update(f"{torch.__version__} {platform.machine()} {_cpu_flags()}".encode())
+    digest.update(f"{torch.__version__} {platform.machine()} {_cpu_flags()} {BUILD_ATTEMPTS}".encode())
     return BUILD_DIR / f"minillm_paged_decode_{digest.hexdigest()[:12]}.so"
 
 
@@ -79,16 +87,13 @@ def build(verbose: bool = False) -> Path:
     if path.exists():
         return path
     BUILD_DIR.mkdir(parents=True, exist_ok=True)
-    # Vectorised for this CPU and threaded with OpenMP where the compiler can;
-    # plain -O3 (one thread per call) where it cannot, as Apple's clang.
-    attempts = [(["-O3", "-march=native", "-fopenmp"], ["-fopenmp"]), (["-O3"], [])]
-    for i, (cflags, ldflags) in enumerate(attempts):
+    for i, (cflags, ldflags) in enumerate(BUILD_ATTEMPTS):
         try:
             load(name=path.stem, sources=[str(SOURCE)], extra_cflags=cflags, extra_ldflags=ldflags,
                  build_directory=str(BUILD_DIR), is_python_module=False, verbose=verbose)
             break
         except Exception:
-            if i == len(attempts) - 1:
+            if i == len(BUILD_ATTEMPTS) - 1:
                 raise
     for old in BUILD_DIR.glob("minillm_paged_decode_*.so"):
         if old != path:

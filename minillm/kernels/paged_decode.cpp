@@ -7,7 +7,7 @@
 // block_tables[b][t / block_size] at row t % block_size. One token's K (or V)
 // for every KV head is one contiguous row of Hkv x D numbers, so a request
 // streams through its blocks front to back and each byte is read once.
-// Requests run in parallel; each keeps its [L, Hq] scores (a few hundred KB).
+// Requests run in parallel; each keeps its [Hq, L] scores (a few hundred KB).
 // vLLM's CPU backend has a kernel of the same shape (csrc/cpu/attention.cpp,
 // paged_attention_v1_impl: scores block by block through the table, a
 // softmax, the weighted values), vectorised by hand over its own cache layout.
@@ -15,8 +15,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
-#include <limits>
 #include <vector>
 
 namespace {
@@ -28,45 +28,49 @@ void decode_rows(const T* q, const T* k, const T* v, const int64_t* tables, cons
   const int64_t group = num_heads / num_kv_heads;
   const int64_t row = num_kv_heads * head_dim;
   at::parallel_for(0, num_seqs, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> scores, acc(num_heads * head_dim), top(num_heads), total(num_heads);
+    std::vector<T> scores, acc(num_heads * head_dim), total(num_heads);
     for (int64_t b = begin; b < end; ++b) {
       const int64_t len = lens[b];
       const int64_t* table = tables + b * table_width;
       const T* qb = q + b * num_heads * head_dim;
-      scores.resize(len * num_heads);
-      // Pass 1: every score, token by token ([L, Hq]).
+      scores.resize(num_heads * len);                     // [Hq, L]: one head's scores contiguous
+      // Pass 1: every score, token by token; a token's K row holds every KV head.
       for (int64_t t = 0; t < len; ++t) {
         const T* kt = k + (table[t / block_size] * block_size + t % block_size) * row;
-        T* st = scores.data() + t * num_heads;
         for (int64_t h = 0; h < num_heads; ++h) {
           const T* kh = kt + (h / group) * head_dim;
           const T* qh = qb + h * head_dim;
           T dot = 0;
 #pragma omp simd reduction(+ : dot)
           for (int64_t d = 0; d < head_dim; ++d) dot += qh[d] * kh[d];
-          st[h] = dot * scale;
+          scores[h * len + t] = dot * scale;
         }
       }
-      // Softmax over the tokens, each head on its own.
-      std::fill(top.begin(), top.end(), -std::numeric_limits<T>::infinity());
-      std::fill(total.begin(), total.end(), T(0));
-      for (int64_t t = 0; t < len; ++t)
-        for (int64_t h = 0; h < num_heads; ++h) top[h] = std::max(top[h], scores[t * num_heads + h]);
-      for (int64_t t = 0; t < len; ++t)
-        for (int64_t h = 0; h < num_heads; ++h) {
-          T p = std::exp(scores[t * num_heads + h] - top[h]);
-          scores[t * num_heads + h] = p;
-          total[h] += p;
+      // Softmax of each head over its tokens. A head's scores are contiguous, so
+      // the exp runs 8 or 16 at a time (glibc's vector exp, which -ffast-math
+      // lets the compiler call: 25-30% of this kernel on GQA shapes). The max
+      // starts from a real score: fast-math assumes there are no infinities.
+      for (int64_t h = 0; h < num_heads; ++h) {
+        T* sh = scores.data() + h * len;
+        T top = sh[0];
+#pragma omp simd reduction(max : top)
+        for (int64_t t = 0; t < len; ++t) top = std::max(top, sh[t]);
+        T sum = 0;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t t = 0; t < len; ++t) {
+          sh[t] = std::exp(sh[t] - top);
+          sum += sh[t];
         }
+        total[h] = sum;
+      }
       // Pass 2: the probability-weighted sum of the values.
       std::fill(acc.begin(), acc.end(), T(0));
       for (int64_t t = 0; t < len; ++t) {
         const T* vt = v + (table[t / block_size] * block_size + t % block_size) * row;
-        const T* pt = scores.data() + t * num_heads;
         for (int64_t h = 0; h < num_heads; ++h) {
           const T* vh = vt + (h / group) * head_dim;
           T* ah = acc.data() + h * head_dim;
-          const T p = pt[h];
+          const T p = scores[h * len + t];
 #pragma omp simd
           for (int64_t d = 0; d < head_dim; ++d) ah[d] += p * vh[d];
         }
