@@ -3,10 +3,11 @@
 The steps are the ones the README's before/after tables use: decode-only,
 prefill-only, and a chunk with decodes riding along (`prepare_step`). The
 allocator setting (host_memory.py) is process-wide, so each side runs in
-processes of its own, alternating (which goes first, too); each process runs the steps in turn
-`repeats` times, timing each (median) and counting its page faults. A side's figure for a step is
-its fastest process, so a burst of load on a shared machine spoils one
-process, not the comparison.
+processes of its own, alternating (and alternating which goes first); each
+process runs the steps in turn `repeats` times, timing each (median) and
+counting its page faults. A side's figure for a step is its fastest
+process, so a burst of load on a shared machine spoils one process, not the
+comparison.
 """
 from __future__ import annotations
 

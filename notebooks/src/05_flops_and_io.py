@@ -193,6 +193,29 @@ assert kv_read_s < 0.05 * compute_s
 # The KV re-read of small chunks is small next to the compute, but it is not the zero the
 # articles suggest, and it grows with the square of the prompt length (and with 1/chunk).
 #
+# **Same FLOPs, not the same pace.** A matmul call reads its whole weight however few
+# rows it multiplies (and a CPU's matrix library also repacks it for its kernel), so
+# fewer rows per call means less work per byte moved. Here are the tiny model's
+# matmuls on this machine: one layer's seven `Linear`s on 1024 rows at once, and on the
+# same rows 256 and 64 at a time (time per row, against the 1024-row calls):
+
+# %% slideshow={"slide_type": "fragment"}
+# NBVAL_IGNORE_OUTPUT
+from minillm.book.bench import bench_matmul_rows
+
+pace = bench_matmul_rows(minillm.build_model("tiny", seed=0, dtype=torch.float32), 1024, (256, 64))
+for name, ratio in pace["chunked_over_whole"].items():
+    print(f"rows in chunks of {name[2:]:>3}: x{ratio:.2f} the time per row of 1024-row calls")
+
+# %% [markdown]
+# On the reference 2-core CPU the tiny model's 256-row calls took 12% more time per row
+# than its 1024-row ones and its 64-row calls 40% more (two other shapes of the bench:
+# 16-19% and 46-58%). That pace, with each step's fixed cost, is what a
+# chunked prefill costs beyond a whole one there: `python -m minillm bench chunk-cost`
+# measures both, adds them up and compares with the chunk steps it times (README,
+# section 1b). On a GPU the same effect shows as tiles and SMs left idle by small
+# matmuls, which the cost model below counts.
+#
 # ## 4. Arithmetic intensity and the roofline
 #
 # Intensity = FLOPs / bytes. Above a GPU's ridge point (peak FLOP/s / bandwidth) a step
