@@ -208,8 +208,8 @@ for name, ratio in pace["chunked_over_whole"].items():
     print(f"rows in chunks of {name[2:]:>3}: x{ratio:.2f} the time per row of 1024-row calls")
 
 # %% [markdown]
-# On the reference 2-core CPU the tiny model's 256-row calls took 12% more time per row
-# than its 1024-row ones and its 64-row calls 40% more (two other shapes of the bench:
+# On a 2-core CPU (two runs) the tiny model's 256-row calls took 11-12% more time per row
+# than its 1024-row ones and its 64-row calls 33-40% more (two other shapes of the bench:
 # 16-19% and 46-58%). That pace, with each step's fixed cost, is what a
 # chunked prefill costs beyond a whole one there: `python -m minillm bench chunk-cost`
 # measures both, adds them up and compares with the chunk steps it times (README,
