@@ -1,5 +1,6 @@
 """The benchmarks run end to end on a small case (their numbers live in the README)."""
 import pytest
+import torch
 
 from minillm.book import bench
 
@@ -77,3 +78,10 @@ def test_bench_steps_times_each_step_on_both_sides_of_the_allocator_setting():
     assert "prefill 24" in report(r)
     with pytest.raises(ValueError, match="processes=0"):
         bench_steps("gqa2", processes=0)
+
+
+def test_bench_model_offers_the_real_model_by_name_and_names_it_when_refusing():
+    model = bench.bench_model("smollm2")
+    assert model.cfg.num_layers == 30 and model.dtype == torch.float32
+    with pytest.raises(ValueError, match=r"shape='nope'.*smollm2"):
+        bench.bench_model("nope")
