@@ -14,7 +14,8 @@ import pytest
 pytestmark = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
                                 reason="the setting is glibc's; other C libraries are left alone")
 
-# Page faults of allocating, filling and freeing a 24 MB tensor, twice.
+# Page faults of a step-like cycle, six times: allocate two 24 MB buffers, fill
+# them, free them. "applied" is read before the probe could apply anything itself.
 PROBE = """
 import json, resource, torch
 from minillm import host_memory
@@ -23,15 +24,17 @@ from minillm.kv_cache import BlockManager
 from minillm.loader import build_model
 from minillm.config import ModelConfig
 ModelRunner(build_model(ModelConfig.preset("tiny"), seed=0), BlockManager(4, 16))
+applied_by_the_runner = host_memory._applied
 
-def faults():
+def cycle():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    x = torch.empty(6 << 20)
+    x, y = torch.empty(6 << 20), torch.empty(6 << 20)
     x.fill_(1.0)
-    del x
+    y.fill_(1.0)
+    del x, y
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
-print(json.dumps({"applied": host_memory.keep_freed_memory(), "faults": [faults(), faults()]}))
+print(json.dumps({"applied": applied_by_the_runner, "faults": [cycle() for _ in range(6)]}))
 """
 
 
@@ -41,16 +44,18 @@ def _probe(keep: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_a_model_runner_keeps_freed_buffers_so_the_next_step_does_not_fault_them_in():
+def test_a_model_runner_keeps_freed_buffers_so_later_steps_do_not_fault_them_in():
     kept = _probe("1")
-    assert kept["applied"] is True
-    first, second = kept["faults"]
-    assert first > 4000                 # 24 MB is ~6,000 fresh 4 KiB pages the first time
-    assert second < first // 10         # then the freed buffer is reused
+    assert kept["applied"] is True                # the runner set it, not the probe
+    first = kept["faults"][0]
+    assert first > 8000                           # 48 MB is ~12,000 fresh 4 KiB pages the first time
+    # The heap may still grow once while it settles (a small allocation can land in
+    # the freed space); after that the same buffers are reused.
+    assert all(n < first // 100 for n in kept["faults"][3:])
 
 
-def test_glibcs_defaults_fault_the_same_buffer_in_again_which_is_what_the_setting_removes():
+def test_glibcs_defaults_fault_the_buffers_in_again_which_is_what_the_setting_removes():
     default = _probe("0")
     assert default["applied"] is False
-    first, second = default["faults"]
-    assert second > first // 2          # unmapped on free, faulted in afresh
+    first, second = default["faults"][:2]
+    assert second > first // 2                    # unmapped on free, faulted in afresh
