@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from . import kernels
-from .kv_cache import blocks_for, first_of_consecutive_blocks, gather_kv
+from .kv_cache import blocks_for, gather_kv, view_kv
 
 BACKENDS = ("reference", "sdpa", "flash")
 FLASH_BLOCK_MULTIPLE = 256  # flash-attn's paged KV needs page sizes divisible by 256
@@ -264,10 +264,7 @@ def read_cached_prefixes(pool: torch.Tensor, batch: AttentionBatch) -> list:
     was no faster on the small models and ~5x slower on SmolLM2's 30 layers:
     tens of MB written out and read back; `bench chunk-cost` times both.)
     """
-    block_size = pool.shape[-3]
-    return [gather_kv(pool, table, c)
-            if n > 1 and c > 0 and first_of_consecutive_blocks(table, blocks_for(c, block_size)) is not None
-            else None
+    return [view_kv(pool, table, c) if n > 1 and c > 0 else None
             for n, c, table in zip(batch.query_lens, batch.cached_lens, batch.block_tables)]
 
 

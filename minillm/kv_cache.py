@@ -38,24 +38,26 @@ def gather_kv(cache: torch.Tensor, block_table: list[int], num_tokens: int) -> t
     cache: [..., num_blocks, block_size, Hkv, D] (one layer's K or V, or the
     whole pool) -> [..., num_tokens, Hkv, D]. When the request's blocks are
     consecutive in the pool (a prompt allocated in one go usually is) the
-    result is a view and nothing is copied; otherwise one index_select copies
-    the blocks, all at once.
+    result is a view and nothing is copied (view_kv); otherwise one
+    index_select copies the blocks, all at once.
     """
+    view = view_kv(cache, block_table, num_tokens)
+    if view is not None:
+        return view
     num_blocks = blocks_for(num_tokens, cache.shape[-3])
-    first = first_of_consecutive_blocks(block_table, num_blocks)
-    if first is not None:
-        picked = cache.narrow(-4, first, num_blocks)                  # a view
-    else:
-        picked = cache.index_select(-4, torch.as_tensor(block_table[:num_blocks], device=cache.device))
+    picked = cache.index_select(-4, torch.as_tensor(block_table[:num_blocks], device=cache.device))
     return picked.flatten(-4, -3).narrow(-3, 0, num_tokens)
 
 
-def first_of_consecutive_blocks(block_table: list[int], num_blocks: int) -> int | None:
-    """The first block if the table's first num_blocks are consecutive in the
-    pool (then a view can read them), else None."""
+def view_kv(cache: torch.Tensor, block_table: list[int], num_tokens: int) -> torch.Tensor | None:
+    """Tokens [0, num_tokens) as a view of the pool if their blocks are
+    consecutive in it, else None (then only a copy can line them up)."""
+    num_blocks = blocks_for(num_tokens, cache.shape[-3])
     table = list(block_table[:num_blocks])
     first = table[0] if table else 0
-    return first if table == list(range(first, first + num_blocks)) else None
+    if table != list(range(first, first + num_blocks)):
+        return None
+    return cache.narrow(-4, first, num_blocks).flatten(-4, -3).narrow(-3, 0, num_tokens)
 
 
 def _check_num_tokens(num_tokens, arg: str = "num_tokens") -> int:

@@ -305,6 +305,7 @@ print("after freeing every request:", demo.num_free_blocks, "free blocks, 0 leak
 
 # %% slideshow={"slide_type": "subslide"}
 show_source(kv_cache.gather_kv)
+show_source(kv_cache.view_kv)
 
 # %% slideshow={"slide_type": "fragment"}
 prompts = {"x": list(range(40, 90)), "y": list(range(100, 137))}

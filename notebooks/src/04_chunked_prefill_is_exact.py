@@ -294,11 +294,12 @@ for c, tokens in continuations["bfloat16"].items():
 # In float32 the tokens are identical for every chunk size. In bfloat16 they are not
 # guaranteed to be: if two candidate tokens' logits ever come within bf16's rounding step
 # of each other, a different summation order can pick the other one, and from then on the
-# continuations part ways. Whether that happens depends on the hardware's order of
-# summation: on a 2-core CPU without bf16 matrix units all 32 tokens agreed; on the
-# machine that ran the output above (AMX and AVX512-BF16 units) some chunk sizes part
-# late, exactly where the whole prefill's top two logits were within a rounding step of
-# each other (printed above; there they were tied). That is rounding, the same as running the model on a different GPU.
+# continuations part ways. Whether that happens depends on the machine's order of
+# summation: on the 2-core CPU that ran the previous edition of this chapter all 32
+# tokens agreed (the notebook's history in git); on the one that ran the output above
+# (its CPU has AMX and AVX512-BF16 units) some chunk sizes part late, exactly where the
+# whole prefill's top two logits were within a rounding step of each other (printed
+# above; there they were tied). That is rounding, the same as running the model on a different GPU.
 # A real bug changes the tokens within a few steps, as we will see.
 #
 # ## 5. Three classic bugs, one check
