@@ -83,6 +83,16 @@ class ModelConfig:
             return (self.eos_token_id,)
         return tuple(self.eos_token_id)
 
+    @property
+    def attention_break_even_len(self) -> int:
+        """The cached length at which a new token's attention FLOPs equal its
+        matmul FLOPs, per layer: the matmuls do 2 FLOPs per weight, attention
+        4 per query head dimension and key (Q.K and P.V). Past it, attention
+        is most of a token's work (chunk_sizing weighs chunks with it)."""
+        d = self.hidden_size
+        weights = d * (self.q_size + 2 * self.kv_size) + self.q_size * d + 3 * d * self.intermediate_size
+        return round(2 * weights / (4 * self.q_size))
+
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         """K and V, every layer, every KV head: 2 x layers x kv_heads x head_dim x bytes."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes

@@ -452,6 +452,7 @@ class LLMEngine(EngineCore):
                        hint="minillm.build_model('tiny') or minillm.load_hf_model(path)")
         sched = sched if sched is not None else SchedulerConfig()
         check_instance("sched", sched, SchedulerConfig, "a SchedulerConfig", hint="SchedulerConfig(policy='chunked')")
+        sched = sched.for_model(model.cfg)
         block_size = check_int("block_size", block_size, 1, hint="16")
         if num_blocks is None:
             num_blocks = default_num_blocks(model, sched.max_num_seqs, block_size)

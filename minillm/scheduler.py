@@ -42,21 +42,33 @@ Short prompts stuck behind a long one (vllm-project/vllm#21495): under
                  the model's context, as in vLLM.
   max_long_partial_prefills     how many of those may be long: a short prompt
                  overtakes a long one that would exceed it.
+
+Chunks of equal work (chunk_sizing="equal_work", chunk_sizing.py): a prompt
+is split into as many chunks as chunk_size makes, but each chunk gets the same
+work (matmuls plus attention) rather than the same tokens, so the late chunks,
+which attend to a long prefix, are shorter and no step of the prefill is the
+slowest by far. Against the step's chunk_size, a prompt's tokens then count by
+their work, in units of the prompt's average token (a planned chunk of a long
+prompt counts chunk_size; a short prompt, its length); token_budget still
+caps the step's real tokens.
 """
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from .chunk_sizing import chunk_end, prefill_work, tokens_within
 from .kv_cache import BlockManager
 from .request import Request, RequestStatus
 from .validation import check_choice, check_int
 
 POLICIES = ("prefill_first", "decode_first", "chunked", "chunked_prefill_first")
+CHUNK_SIZINGS = ("fixed", "equal_work")
 
 
 # Policies that split prompts, where the partial-prefill knobs apply.
 PARTIAL_PREFILL_POLICIES = ("chunked",)
+CHUNKING_POLICIES = ("chunked", "chunked_prefill_first")
 DEFAULT_LONG_PREFILL_FRACTION = 0.04     # vLLM: 4% of max_model_len when partial prefills > 1
 
 
@@ -69,9 +81,18 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 0   # tokens; a longer prompt is "long" and capped per step
     max_num_partial_prefills: int = 1       # prompts mid-prefill at once (1: FCFS, chapter 6)
     max_long_partial_prefills: int = 1      # of which long ones
+    chunk_sizing: str = "fixed"             # "equal_work": chunks of equal work, not tokens
+    break_even_len: int | None = None       # equal_work: a token's matmuls, in keys (None: the model's FLOPs)
 
     def __post_init__(self):
         check_choice("policy", self.policy, POLICIES)
+        check_choice("chunk_sizing", self.chunk_sizing, CHUNK_SIZINGS)
+        object.__setattr__(self, "break_even_len", check_int(
+            "break_even_len", self.break_even_len, 0, allow_none=True,
+            hint="None for the model's ModelConfig.attention_break_even_len"))
+        if self.chunk_sizing != "fixed" and self.policy not in CHUNKING_POLICIES:
+            raise ValueError(f"chunk_sizing={self.chunk_sizing!r}: sizes the chunks of policies that "
+                             f"split prompts {CHUNKING_POLICIES}, not policy={self.policy!r}")
         for name, value in (("chunk_size", check_int("chunk_size", self.chunk_size, 1, hint="256 or 512")),
                             ("token_budget", check_int("token_budget", self.token_budget, 1,
                                                        allow_none=True, hint="None or 2048")),
@@ -102,6 +123,13 @@ class SchedulerConfig:
             value = t if t > 0 else self.max_num_partial_prefills
             raise ValueError(f"{knob}={value}: only applies to policies that split prompts "
                              f"{PARTIAL_PREFILL_POLICIES}, not policy={self.policy!r}")
+
+    def for_model(self, cfg) -> "SchedulerConfig":
+        """This config with break_even_len filled in from the model's FLOPs
+        where chunk_sizing needs it and it was left None."""
+        if self.chunk_sizing == "fixed" or self.break_even_len is not None:
+            return self
+        return replace(self, break_even_len=cfg.attention_break_even_len)
 
     def long_prefill_threshold(self, max_model_len: int | None) -> int:
         """The threshold in force: as set, or vLLM's 4% of the context when
@@ -140,6 +168,11 @@ class Scheduler:
         self.config = config
         self.block_manager = block_manager
         self.long_prefill_threshold = config.long_prefill_threshold(max_model_len)
+        if config.chunk_sizing == "equal_work" and config.break_even_len is None:
+            raise ValueError("chunk_sizing='equal_work' needs break_even_len: pass "
+                             "SchedulerConfig.for_model(model_cfg), or set it (e.g. 2944 for 'tiny')")
+        # equal_work: request id -> (first token, end, number of chunks) of its prefill
+        self._prefill_plans: dict[int, tuple[int, int, int]] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -154,6 +187,7 @@ class Scheduler:
         request.status = RequestStatus.FINISHED
         self.running.remove(request)
         self.block_manager.free(request.request_id)
+        self._prefill_plans.pop(request.request_id, None)
 
     def abort(self, request: Request) -> None:
         """Drop a waiting or running request and free its blocks."""
@@ -163,11 +197,13 @@ class Scheduler:
             self.waiting.remove(request)
         request.status = RequestStatus.FINISHED
         self.block_manager.free(request.request_id)
+        self._prefill_plans.pop(request.request_id, None)
 
     def _preempt(self, request: Request, step: ScheduledStep) -> None:
         """Free the request's blocks; it recomputes prompt + outputs later."""
         self.running.remove(request)
         self.block_manager.free(request.request_id)
+        self._prefill_plans.pop(request.request_id, None)     # replanned when it comes back
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         request.status = RequestStatus.WAITING
@@ -267,26 +303,28 @@ class Scheduler:
         budget = self.config.token_budget
         used = self._schedule_decodes(step, budget) if with_decodes else 0
         prefill_left = self.config.chunk_size
-        if budget is not None:
-            prefill_left = min(prefill_left, budget - used)
+        if budget is not None and self.config.chunk_sizing == "fixed":
+            prefill_left = min(prefill_left, budget - used)     # (equal_work: _prefill_cap caps the tokens)
         if self.config.max_num_partial_prefills > 1:
             self._schedule_partial_prefills(step, prefill_left)
             return
         # Prompts already running (split in an earlier step) come first: FCFS.
         for request in list(self.running):
-            if prefill_left <= 0:
+            if prefill_left < 1:
                 return
             if request not in self.running or request.is_decoding:
                 continue
-            prefill_left -= self._continue_prefill(step, request, self._prefill_cap(request, prefill_left))
+            n = self._continue_prefill(step, request, self._prefill_cap(request, prefill_left, step))
+            prefill_left -= self._budget_spent(request, n)
         # A step that had to preempt admits nobody: the freed blocks would go
         # straight to the request just evicted, to be evicted again next step.
-        while (self.waiting and not step.preempted and prefill_left > 0
+        while (self.waiting and not step.preempted and prefill_left >= 1
                and len(self.running) < self.config.max_num_seqs):
-            n = self._start_prefill(step, self.waiting[0], prefill_left)
+            request = self.waiting[0]
+            n = self._start_prefill(step, request, prefill_left)
             if n == 0:
                 return
-            prefill_left -= n
+            prefill_left -= self._budget_spent(request, n)
 
     def _schedule_partial_prefills(self, step: ScheduledStep, prefill_left: int) -> None:
         """vLLM's concurrent partial prefills (PR #10235): up to
@@ -312,31 +350,77 @@ class Scheduler:
             return
         share = max(1, prefill_left // (len(ongoing) + len(newcomers)))
         for request in ongoing:
-            if prefill_left <= 0:
+            if prefill_left < 1:
                 return
             if request in self.running:                 # not preempted to make room meanwhile
-                prefill_left -= self._continue_prefill(step, request,
-                                                       self._prefill_cap(request, min(share, prefill_left)))
+                n = self._continue_prefill(step, request, self._prefill_cap(request, min(share, prefill_left), step))
+                prefill_left -= self._budget_spent(request, n)
         for request in newcomers:
-            if prefill_left <= 0 or step.preempted:
+            if prefill_left < 1 or step.preempted:
                 return
             n = self._start_prefill(step, request, min(share, prefill_left))
             if n == 0:
                 return
-            prefill_left -= n
+            prefill_left -= self._budget_spent(request, n)
 
     # ---- one prompt's prefill tokens ----------------------------------------------------
-    def _prefill_cap(self, request: Request, tokens_left: int) -> int:
+    def _prefill_cap(self, request: Request, budget_left, step: ScheduledStep) -> int:
         """The most prefill tokens request may get now: what it has left, what
-        the step has left, and long_prefill_token_threshold (vLLM V1's cap)."""
-        wanted = min(request.num_uncomputed_tokens, tokens_left)
+        the step's prefill budget buys (chunk_size tokens, or under equal_work
+        that much of the request's chunk work), long_prefill_token_threshold
+        (vLLM V1's cap), and what token_budget leaves of the step's tokens."""
+        if self.config.chunk_sizing == "equal_work":
+            wanted = self._equal_work_tokens(request, budget_left)
+        else:
+            wanted = min(request.num_uncomputed_tokens, budget_left)
         if self.long_prefill_threshold > 0:
             wanted = min(wanted, self.long_prefill_threshold)
+        if self.config.token_budget is not None:
+            wanted = min(wanted, self.config.token_budget - step.num_tokens)
+        return max(0, wanted)
+
+    # ---- chunks of equal work (chunk_sizing="equal_work") ------------------------------------
+    def _plan(self, request: Request) -> tuple[int, int, int]:
+        """(first token, end, chunks) of the request's prefill, fixed when it
+        starts: as many chunks as chunk_size makes of what is left then."""
+        plan = self._prefill_plans.get(request.request_id)
+        if plan is None:
+            first = request.num_computed_tokens
+            end = first + request.num_uncomputed_tokens
+            plan = (first, end, -(-(end - first) // self.config.chunk_size))
+            self._prefill_plans[request.request_id] = plan
+        return plan
+
+    def _work_per_token(self, request: Request) -> float:
+        """The work of the request's average prefill token: the budget's unit."""
+        first, end, _ = self._plan(request)
+        return prefill_work(first, end - first, self.config.break_even_len) / (end - first)
+
+    def _equal_work_tokens(self, request: Request, budget_left) -> int:
+        """Tokens up to the plan's next boundary, or fewer if the step's budget
+        has less than a whole chunk_size left."""
+        first, end, num_chunks = self._plan(request)
+        start = request.num_computed_tokens
+        wanted = chunk_end(first, end, num_chunks, start, self.config.break_even_len,
+                           align=self.block_manager.block_size) - start
+        if budget_left < self.config.chunk_size:
+            work = budget_left * self._work_per_token(request)
+            wanted = min(wanted, tokens_within(start, work, self.config.break_even_len))
         return wanted
+
+    def _budget_spent(self, request: Request, num_tokens: int):
+        """How much of the step's prefill budget num_tokens of request use:
+        the tokens, or under equal_work their work in average tokens."""
+        if self.config.chunk_sizing != "equal_work" or num_tokens == 0:
+            return num_tokens
+        work = prefill_work(request.num_computed_tokens, num_tokens, self.config.break_even_len)
+        return work / self._work_per_token(request)
 
     def _continue_prefill(self, step: ScheduledStep, request: Request, wanted: int) -> int:
         """Schedule up to `wanted` more tokens of a running prompt, preempting
         newer requests for blocks if needed; returns how many it got."""
+        if wanted <= 0:
+            return 0
         n = self._tokens_that_fit(request, wanted)
         if n == 0:
             if not self._make_room(request, request.num_computed_tokens + 1, step):
@@ -351,10 +435,11 @@ class Scheduler:
         cached = self._claim_cached_prefix(request)
         # Keep one free block per running request, so that their next
         # decodes do not have to evict the newcomer at once.
-        n = self._tokens_that_fit(request, self._prefill_cap(request, tokens_left),
+        n = self._tokens_that_fit(request, self._prefill_cap(request, tokens_left, step),
                                   reserve_blocks=len(self.running))
         if n == 0:
             self._release_cached_prefix(request, cached)
+            self._prefill_plans.pop(request.request_id, None)    # planned from a prefix it let go
             return 0
         self._admit(request)
         self._schedule(step, request, n)

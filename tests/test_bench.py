@@ -1,4 +1,5 @@
 """The benchmarks run end to end on a small case (their numbers live in the README)."""
+import math
 import pytest
 import torch
 
@@ -47,6 +48,15 @@ def test_interference_rounds_report_medians_and_the_range_of_each_headline():
         assert 0 < low <= value <= high
 
 
+def test_interference_races_both_chunk_sizings_in_each_round():
+    r = bench.bench_interference(prompt_len=96, num_decoders=2, chunk_sizes=(32,), shape="gqa2",
+                                 progress=False, chunk_sizings=("fixed", "equal_work"))
+    assert [(row["policy"], row["sizing"]) for row in r["rows"]] == [
+        ("prefill_first", "-"), ("decode_first", "-"), ("chunked", "fixed"), ("chunked", "equal_work")]
+    assert set(r["by_sizing"]) == {"fixed", "equal_work"}
+    assert r["chunked256_vs_prefill_first"] == r["by_sizing"]["fixed"]["chunked256_vs_prefill_first"]
+
+
 def test_rounds_below_one_are_refused_naming_the_argument():
     for bad in (0, -2, 1.5, True):
         with pytest.raises(ValueError, match="rounds="):
@@ -85,3 +95,11 @@ def test_bench_model_offers_the_real_model_by_name_and_names_it_when_refusing():
     assert model.cfg.num_layers == 30 and model.dtype == torch.float32
     with pytest.raises(ValueError, match=r"shape='nope'.*smollm2"):
         bench.bench_model("nope")
+
+
+def test_break_even_measurement_reports_both_lengths():
+    # timings are noisy: the README reports the measured lengths; here, what the result holds
+    model = bench.bench_model("gqa2")
+    r = bench.bench_break_even(model, chunk=64, num_cached=512, repeats=1)
+    assert r["flops"] == model.cfg.attention_break_even_len and (r["chunk"], r["num_cached"]) == (64, 512)
+    assert math.isfinite(r["measured"])

@@ -72,7 +72,8 @@ def test_sampling_params_work_or_name_the_field(field, value):
 
 
 @FUZZ
-@given(field=st.sampled_from(["policy", "chunk_size", "token_budget", "max_num_seqs"]), value=anything)
+@given(field=st.sampled_from(["policy", "chunk_size", "token_budget", "max_num_seqs", "chunk_sizing",
+                              "break_even_len"]), value=anything)
 def test_scheduler_config_works_or_names_the_field(field, value):
     works_or_names(lambda: SchedulerConfig(**{field: value}), field)
 

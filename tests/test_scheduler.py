@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 from minillm.engine import EngineCore, VirtualClock
 from minillm.kv_cache import BlockManager
 from minillm.request import SamplingParams
-from minillm.scheduler import POLICIES, SchedulerConfig
+from minillm.scheduler import CHUNKING_POLICIES, POLICIES, SchedulerConfig
 
 
 class FakeExecutor:
@@ -64,11 +64,14 @@ def run_engine(workload, config, num_blocks, block_size=4, on_schedule=None):
 workloads = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 12), st.integers(0, 30)),
                      min_size=1, max_size=8)
 configs = st.builds(
-    lambda policy, chunk, budget_extra, seqs: SchedulerConfig(
+    lambda policy, chunk, budget_extra, seqs, break_even: SchedulerConfig(
         policy=policy, chunk_size=chunk, max_num_seqs=seqs,
-        token_budget=None if budget_extra is None else seqs + budget_extra),
+        token_budget=None if budget_extra is None else seqs + budget_extra,
+        # equal_work where the policy chunks, weighing attention from heavy (0) to light
+        chunk_sizing="equal_work" if break_even is not None and policy in CHUNKING_POLICIES else "fixed",
+        break_even_len=break_even if policy in CHUNKING_POLICIES else None),
     st.sampled_from(POLICIES), st.integers(1, 48), st.one_of(st.none(), st.integers(0, 40)),
-    st.integers(1, 6))
+    st.integers(1, 6), st.one_of(st.none(), st.integers(0, 64)))
 
 
 @settings(max_examples=150, deadline=None)
@@ -97,7 +100,8 @@ def test_scheduler_invariants(workload, config, tight):
     for record in core.trace:
         total = sum(n for _, n in record.scheduled)
         if config.policy in ("chunked", "chunked_prefill_first"):
-            assert record.num_prefill_tokens <= config.chunk_size
+            if config.chunk_sizing == "fixed":      # (equal_work: early chunks are longer, test_chunk_sizing)
+                assert record.num_prefill_tokens <= config.chunk_size
             if config.token_budget is not None:
                 assert total <= config.token_budget
         if config.policy == "chunked_prefill_first":      # never a mixed step

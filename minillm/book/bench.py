@@ -144,7 +144,8 @@ def bench_chunk_cost(shape: str = "tiny", prompt_len: int = 2048, chunk_sizes=(2
                                   + matmuls["whole_s"] * (matmuls["chunked_over_whole"][f"C={size}"] - 1)) / whole
                 for size in chunk_sizes},
             "spread": {name: (min(r), max(r)) for name, r in ratios.items()},
-            "prefix_read": bench_prefix_read(model, prompt_len - chunk_sizes[0])}
+            "prefix_read": bench_prefix_read(model, prompt_len - chunk_sizes[0]),
+            "break_even": bench_break_even(model, c, prompt_len - c)}
 
 
 def _runner(model, num_tokens: int, block_size: int = 16):
@@ -204,6 +205,30 @@ def bench_matmul_rows(model, prompt_len: int, chunk_sizes, repeats: int = 5) -> 
             "chunked_over_whole": {f"C={size}": per_row[size] / per_row[prompt_len] for size in chunk_sizes}}
 
 
+def bench_break_even(model, chunk: int, num_cached: int, repeats: int = 7) -> dict:
+    """The break-even length this machine shows (chunk_sizing.py's weight of a
+    token's matmuls, in keys) against the FLOP count's.
+
+    Times a one-token step (the fixed part), a chunk with nothing cached and
+    the same chunk after num_cached tokens, interleaved, medians; with
+    t = fixed + a * prefill_work(start, chunk, K), the two chunks give a and K.
+    """
+    from ..prefill import prepare_step
+
+    steps = {"floor": prepare_step(model, [(1, 0)]), "first": prepare_step(model, [(chunk, 0)]),
+             "late": prepare_step(model, [(chunk, num_cached)])}
+    times = {name: [] for name in steps}
+    [step() for step in steps.values()]                                   # warm-up
+    for _ in range(repeats):
+        for name, step in steps.items():
+            times[name].append(_seconds(step))
+    t = {name: statistics.median(ts) for name, ts in times.items()}
+    per_pair = (t["late"] - t["first"]) / (chunk * num_cached)           # seconds per query-key pair
+    measured = ((t["first"] - t["floor"]) / per_pair - chunk * (chunk + 1) / 2) / chunk
+    return {"measured": measured, "flops": model.cfg.attention_break_even_len,
+            "chunk": chunk, "num_cached": num_cached}
+
+
 def bench_prefix_read(model, num_cached: int, repeats: int = 20) -> dict:
     """Seconds per step to read one request's cached prefix for every layer.
 
@@ -230,8 +255,9 @@ def bench_prefix_read(model, num_cached: int, repeats: int = 20) -> dict:
     return {name: statistics.median(_seconds(run) for _ in range(repeats)) for name, run in runs.items()}
 
 
-def interference_case(model, policy: str, chunk_size: int | None, workload) -> dict:
-    sched = SchedulerConfig(policy=policy, chunk_size=chunk_size or 512, max_num_seqs=64)
+def interference_case(model, policy: str, chunk_size: int | None, workload, chunk_sizing: str = "fixed") -> dict:
+    sched = SchedulerConfig(policy=policy, chunk_size=chunk_size or 512, max_num_seqs=64,
+                            chunk_sizing=chunk_sizing if policy == "chunked" else "fixed")
     engine = LLMEngine(model, sched)
     outputs = engine.run_workload(workload)
     long = next(o for o in outputs if o.tag == "long")
@@ -239,6 +265,7 @@ def interference_case(model, policy: str, chunk_size: int | None, workload) -> d
     everything = metrics.summarize(outputs)
     return {
         "policy": policy, "chunk_size": chunk_size if policy == "chunked" else "-",
+        "sizing": sched.chunk_sizing if policy == "chunked" else "-",
         "long_ttft_s": long.metrics.ttft,
         "tpot_mean_s": streams["tpot"]["mean"],
         "itl_p50_s": streams["itl"]["median"], "itl_p99_s": streams["itl"]["p99"],
@@ -250,8 +277,10 @@ def interference_case(model, policy: str, chunk_size: int | None, workload) -> d
 
 def bench_interference(prompt_len: int = 2048, num_decoders: int = 8,
                        chunk_sizes=(64, 128, 256, 512, 1024), out_dir: Path | None = None,
-                       device=None, progress: bool = True, shape: str = "tiny", rounds: int = 1) -> dict:
-    """Returns the table and the headline ratios (chunked 256 vs prefill_first).
+                       device=None, progress: bool = True, shape: str = "tiny", rounds: int = 1,
+                       chunk_sizings=("fixed",)) -> dict:
+    """Returns the table and the headline ratios (chunked 256 vs prefill_first,
+    for each chunk sizing: "fixed" tokens or "equal_work", chunk_sizing.py).
 
     rounds > 1 runs every case that many times, one round after another, and
     reports the median of each number (the headline ratios are taken within
@@ -271,19 +300,23 @@ def bench_interference(prompt_len: int = 2048, num_decoders: int = 8,
                                                   decoder_output_len=40, long_output_len=8)
     # Warm up kernels and allocator once so the first case is not penalised.
     LLMEngine(model, SchedulerConfig()).generate([[1] * 64], SamplingParams(max_tokens=2, ignore_eos=True))
-    cases = [("prefill_first", None), ("decode_first", None)] + [("chunked", c) for c in chunk_sizes]
-    runs = [[interference_case(model, p, c, workload) for p, c in cases]
+    cases = ([("prefill_first", None, "fixed"), ("decode_first", None, "fixed")]
+             + [("chunked", c, sizing) for sizing in chunk_sizings for c in chunk_sizes])
+    runs = [[interference_case(model, p, c, workload, sizing) for p, c, sizing in cases]
             for _ in tqdm(range(rounds), desc=f"interference, {len(cases)} cases a round",
                           disable=not progress)]
-    headline_runs = [_interference_headline(round_rows) for round_rows in runs]
-    headline = {key: statistics.median(h[key] for h in headline_runs) for key in headline_runs[0]}
     result = {
         "device": str(device), "shape": shape, "prompt_len": prompt_len, "num_decoders": num_decoders,
-        "rounds": rounds, "rows": [_median_row(case_runs) for case_runs in zip(*runs)],
-        "chunked256_vs_prefill_first": headline,
-        "headline_spread": {key: (min(h[key] for h in headline_runs), max(h[key] for h in headline_runs))
-                            for key in headline},
+        "rounds": rounds, "rows": [_median_row(case_runs) for case_runs in zip(*runs)], "by_sizing": {},
     }
+    for sizing in chunk_sizings:
+        headline_runs = [_interference_headline(round_rows, sizing) for round_rows in runs]
+        result["by_sizing"][sizing] = {
+            "chunked256_vs_prefill_first": {key: statistics.median(h[key] for h in headline_runs)
+                                            for key in headline_runs[0]},
+            "headline_spread": {key: (min(h[key] for h in headline_runs), max(h[key] for h in headline_runs))
+                                for key in headline_runs[0]}}
+    result.update(result["by_sizing"][chunk_sizings[0]])         # the first sizing's, at the top
     if out_dir is not None:
         name = "interference.png" if shape == "tiny" else f"interference_{shape}.png"
         _save_interference_figure(result["rows"], Path(out_dir) / name, prompt_len, num_decoders)
@@ -295,9 +328,10 @@ def _check_rounds(rounds) -> None:
         raise ValueError(f"rounds={rounds!r}: must be a whole number of rounds, at least 1")
 
 
-def _interference_headline(rows: list[dict]) -> dict:
+def _interference_headline(rows: list[dict], sizing: str = "fixed") -> dict:
     base = rows[0]
-    ref = next((r for r in rows if r["chunk_size"] == 256), rows[-1])
+    chunked = [r for r in rows if r["sizing"] == sizing]
+    ref = next((r for r in chunked if r["chunk_size"] == 256), chunked[-1])
     return {"itl_max_reduction": base["itl_max_s"] / ref["itl_max_s"],
             "itl_p99_reduction": base["itl_p99_s"] / ref["itl_p99_s"],
             "long_ttft_growth": ref["long_ttft_s"] / base["long_ttft_s"]}
@@ -313,18 +347,23 @@ def _median_row(case_runs) -> dict:
 def _save_interference_figure(rows, path: Path, prompt_len: int, num_decoders: int) -> None:
     from matplotlib.figure import Figure
 
-    chunked = [r for r in rows if r["policy"] == "chunked"]
     base = rows[0]
     fig = Figure(figsize=(8, 3.5), layout="constrained")
     ax_gap, ax_ttft = fig.subplots(1, 2)
-    sizes = [r["chunk_size"] for r in chunked]
-    ax_gap.plot(sizes, [r["itl_max_s"] * 1e3 for r in chunked], "o-", label="chunked: max ITL")
-    ax_gap.plot(sizes, [r["itl_p99_s"] * 1e3 for r in chunked], "s--", label="chunked: p99 ITL")
+    sizings = list(dict.fromkeys(r["sizing"] for r in rows if r["policy"] == "chunked"))
+    for i, sizing in enumerate(sizings):
+        chunked = [r for r in rows if r["policy"] == "chunked" and r["sizing"] == sizing]
+        sizes = [r["chunk_size"] for r in chunked]
+        name = "chunked" if sizings == ["fixed"] else f"chunked, {sizing}"
+        ax_gap.plot(sizes, [r["itl_max_s"] * 1e3 for r in chunked], "o-", color=f"C{2 * i}",
+                    label=f"{name}: max ITL")
+        ax_gap.plot(sizes, [r["itl_p99_s"] * 1e3 for r in chunked], "s--", color=f"C{2 * i + 1}",
+                    label=f"{name}: p99 ITL")
+        ax_ttft.plot(sizes, [r["long_ttft_s"] * 1e3 for r in chunked], "o-", color=f"C{2 * i}", label=name)
     ax_gap.axhline(base["itl_max_s"] * 1e3, color="C3", label="prefill_first: max ITL")
     ax_gap.set(xscale="log", xlabel="chunk size (tokens)", ylabel="decoding streams' gap (ms)",
                title="Chunking shrinks the worst token gap")
     ax_gap.legend(fontsize=8)
-    ax_ttft.plot(sizes, [r["long_ttft_s"] * 1e3 for r in chunked], "o-", label="chunked")
     ax_ttft.axhline(base["long_ttft_s"] * 1e3, color="C3", label="prefill_first")
     ax_ttft.set(xscale="log", xlabel="chunk size (tokens)", ylabel="long prompt's TTFT (ms)",
                 title="...and costs the long prompt a little TTFT")
@@ -537,6 +576,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--processes", type=int, default=3, help="steps: processes per side")
     parser.add_argument("--chunk-sizes", default="64,128,256,512,1024",
                         help="interference: comma-separated chunk sizes (256 is the headline)")
+    parser.add_argument("--chunk-sizing", default="fixed,equal_work",
+                        help="interference: comma-separated chunk sizings raced in each round "
+                             "('fixed' tokens, 'equal_work' chunks; the first gives the top headline)")
     parser.add_argument("--memory-requests", type=int, default=20_000, help="requests served by `memory`")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -625,29 +667,36 @@ def _run_shape(args, shape: str, out: Path) -> dict:
         m = r["matmuls"]
         print(f"  the model's matmuls alone ({m['whole_s'] * 1e3:.0f} ms for the whole prompt), the same rows "
               f"in chunks: " + ", ".join(f"{name} x{ratio:.2f}" for name, ratio in m["chunked_over_whole"].items()))
+        b = r["break_even"]
+        print(f"  break-even length (a token's attention over that many keys costs its matmuls), from a "
+              f"{b['chunk']}-token chunk after 0 and {b['num_cached']} cached: {b['measured']:.0f} on this "
+              f"machine, {b['flops']} by the FLOPs (chunk_sizing='equal_work' weighs by the FLOPs)")
         p = r["prefix_read"]
         print(f"  reading a {args.prompt_len - 256}-token cached prefix, every layer: consecutive blocks "
               f"{p['view_s'] * 1e3:.3f} ms (a view); scattered {p['per_layer_s'] * 1e3:.2f} ms/step (a gather "
               f"per layer; every layer in one copy: {p['one_copy_per_step_s'] * 1e3:.2f} ms)")
     if args.which in ("interference", "all"):
         chunk_sizes = tuple(int(c) for c in args.chunk_sizes.split(","))
+        sizings = tuple(args.chunk_sizing.split(","))
         r = bench_interference(args.prompt_len, args.num_decoders, chunk_sizes=chunk_sizes, out_dir=out,
-                               shape=shape, rounds=args.rounds)
+                               shape=shape, rounds=args.rounds, chunk_sizings=sizings)
         results["interference"] = r
         print(f"\nInterference on {r['device']}: a {r['prompt_len']}-token prompt arrives among "
               f"{r['num_decoders']} decoding streams ({described}, seconds"
               + (f", median of {r['rounds']} rounds)" if r["rounds"] > 1 else ")"))
-        print(_table(r["rows"], [("policy", "policy", ""), ("chunk_size", "chunk", ""),
+        print(_table(r["rows"], [("policy", "policy", ""), ("chunk_size", "chunk", ""), ("sizing", "sizing", ""),
                                  ("long_ttft_s", "long TTFT", ".3f"), ("tpot_mean_s", "TPOT mean", ".4f"),
                                  ("itl_p50_s", "ITL p50", ".4f"), ("itl_p99_s", "ITL p99", ".4f"),
                                  ("itl_max_s", "ITL max", ".4f"), ("throughput_tok_s", "tok/s", ".1f"),
                                  ("steps", "steps", "d")]))
-        h, spread = r["chunked256_vs_prefill_first"], r["headline_spread"]
-        ranges = {key: f" ({low:.2f}-{high:.2f})" if r["rounds"] > 1 else "" for key, (low, high) in spread.items()}
-        print(f"chunked 256 vs prefill_first: max ITL {h['itl_max_reduction']:.1f}x lower"
-              f"{ranges['itl_max_reduction']}, p99 ITL {h['itl_p99_reduction']:.1f}x lower"
-              f"{ranges['itl_p99_reduction']}, long-prompt TTFT x{h['long_ttft_growth']:.2f}"
-              f"{ranges['long_ttft_growth']}")
+        for sizing, headline in r["by_sizing"].items():
+            h, spread = headline["chunked256_vs_prefill_first"], headline["headline_spread"]
+            ranges = {key: f" ({low:.2f}-{high:.2f})" if r["rounds"] > 1 else ""
+                      for key, (low, high) in spread.items()}
+            print(f"chunked 256 ({sizing}) vs prefill_first: max ITL {h['itl_max_reduction']:.1f}x lower"
+                  f"{ranges['itl_max_reduction']}, p99 ITL {h['itl_p99_reduction']:.1f}x lower"
+                  f"{ranges['itl_p99_reduction']}, long-prompt TTFT x{h['long_ttft_growth']:.2f}"
+                  f"{ranges['long_ttft_growth']}")
     if args.which in ("steps", "all"):
         from .bench_steps import bench_steps, report
         r = bench_steps(shape, processes=args.processes)

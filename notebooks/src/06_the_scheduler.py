@@ -33,6 +33,7 @@ from minillm.book.figures import plot_step_timeline, plot_token_gaps
 from minillm.request import Request, SamplingParams
 from minillm.scheduler import Scheduler, SchedulerConfig
 from minillm.book.show import show_source
+from minillm.chunk_sizing import equal_work_chunks, prefill_work
 
 torch.manual_seed(0)
 device = minillm.default_device()
@@ -173,7 +174,7 @@ show_source(Scheduler.schedule)
 # * **`decode_first`**: a prompt is admitted only when nothing is decoding. Streams never
 #   stall, but a newcomer waits for every stream to finish: request-level batching again.
 # * **`chunked`**: *stall-free batching* (Sarathi-Serve, OSDI 2024; its history in
-#   section 9). Every running decode
+#   section 10). Every running decode
 #   gets its one token first; then prompts, first come first served, get prefill tokens
 #   until the step holds `chunk_size` of them or reaches `token_budget`. A prompt that
 #   does not fit is split and continues next step. A step is therefore
@@ -185,7 +186,7 @@ show_source(Scheduler._schedule_chunked)
 # %% [markdown]
 # The KV cache enters through `_tokens_that_fit` and `_make_room`: a chunk is cut short
 # when the free blocks cannot hold it, and a request is preempted when even one token
-# does not fit (section 8). Without memory pressure the policy is a few lines of
+# does not fit (section 9). Without memory pressure the policy is a few lines of
 # arithmetic; exercise 1 asks you to write it as a pure function.
 #
 # Watch the scheduler alone split the articles' example, a 2048-token prompt in
@@ -222,7 +223,7 @@ assert ranges == [(0, 511), (512, 1023), (1024, 1535), (1536, 2047)]
 # `"long"`). The streams keep decoding well past the prompt's first token, so their
 # token gaps show whatever stall it causes. We run it under every policy, and under
 # `chunked` with four chunk sizes. All runs are greedy, so they must also produce the
-# same tokens (section 7).
+# same tokens (section 8).
 
 # %% slideshow={"slide_type": "subslide"}
 workload = workloads.long_prompt_interference(prompt_len=1024, num_decoders=4, decoder_output_len=40,
@@ -234,8 +235,9 @@ CONFIGS = [("prefill_first", None), ("decode_first", None)] + [("chunked", c) fo
 def label(policy, chunk_size):
     return policy if chunk_size is None else f"chunked C={chunk_size}"
 
-def serve(policy, chunk_size=None, num_blocks=128):
-    sched = SchedulerConfig(policy=policy, chunk_size=chunk_size or 512, max_num_seqs=8)
+def serve(policy, chunk_size=None, num_blocks=128, chunk_sizing="fixed"):
+    sched = SchedulerConfig(policy=policy, chunk_size=chunk_size or 512, max_num_seqs=8,
+                            chunk_sizing=chunk_sizing)
     engine = minillm.LLMEngine(model, sched, block_size=16, num_blocks=num_blocks)
     return engine, engine.run_workload(workload)
 
@@ -515,7 +517,108 @@ assert best_ttft["chunked C=64"] > 0.8 * best_ttft["prefill_first"]
 # arrivals short prompts no longer wait behind a long
 # prefill. That is continuous batching plus a bounded step, not a faster prefill.
 #
-# ## 7. Same tokens under every policy
+# ## 7. Equal tokens are not equal work: the last chunk is the worst gap
+#
+# Every chunk of the C = 128 run holds 128 tokens, but they do not cost the same. A
+# chunk's matmuls cost the same wherever it sits; its attention does not: the chunk that
+# starts at token s attends to s cached keys besides its own. The streams wait through
+# every chunk step, so the gap they feel is set by the slowest one, and that is the
+# *last* chunk, which attends to the whole prompt before it. The chunk steps of the run
+# of section 3, as timed:
+
+# %% slideshow={"slide_type": "subslide"}
+# NBVAL_IGNORE_OUTPUT
+def chunk_steps(name):
+    """(prefill tokens, cached tokens before the chunk, seconds) of the long prompt's steps."""
+    engine, outputs = runs[name]
+    rid = long_request(outputs).request_id
+    steps, cached = [], 0
+    for record in engine.trace:
+        n = dict(record.scheduled).get(rid, 0)
+        if n > 1:
+            steps.append((n, cached, record.duration))
+            cached += n
+    return steps
+
+for n, cached, seconds in chunk_steps("chunked C=128"):
+    print(f"chunk of {n} tokens after {cached:4d} cached: {seconds * 1e3:5.1f} ms")
+
+# %% [markdown]
+# How much more should the last chunk cost? Count a token's work in one unit: its
+# matmuls are worth `break_even` query-key pairs, where `break_even` is the cached
+# length at which a token's attention FLOPs equal its matmul FLOPs
+# (`ModelConfig.attention_break_even_len`: 2 FLOPs per weight against 4 per query head
+# dimension and key). Then the tokens [s, s+n) cost n(break_even + s) + n(n+1)/2, exactly
+# (`minillm.chunk_sizing.prefill_work`):
+
+# %% slideshow={"slide_type": "subslide"}
+show_source(prefill_work)
+K = model.cfg.attention_break_even_len
+fixed_work = [prefill_work(128 * i, 128, K) for i in range(8)]
+print(f"break-even length of '{model.cfg.name}': {K} cached tokens")
+print(f"work of the 8 fixed chunks, relative to the first: "
+      + ", ".join(f"{w / fixed_work[0]:.2f}" for w in fixed_work))
+assert fixed_work == sorted(fixed_work) and sum(fixed_work) == prefill_work(0, 1024, K)
+
+# %% [markdown]
+# The fix follows: keep the number of chunks (so the long prompt pays the same number of
+# steps, each with its fixed price), but put the boundaries where the *work* is split
+# evenly: early chunks longer than C, late ones shorter. That is
+# `SchedulerConfig(chunk_sizing="equal_work")`. The scheduler plans a prompt's chunks when
+# its prefill starts and rounds each boundary to a KV block:
+
+# %% slideshow={"slide_type": "subslide"}
+planned = equal_work_chunks(1024, 128, K, align=16)
+starts = [sum(planned[:i]) for i in range(len(planned))]
+print("equal-work chunks:", planned)
+print("their work, relative to the first:",
+      ", ".join(f"{prefill_work(s, n, K) / prefill_work(0, planned[0], K):.2f}" for s, n in zip(starts, planned)))
+runs["chunked C=128, equal work"] = serve("chunked", 128, chunk_sizing="equal_work")
+equal_steps = chunk_steps("chunked C=128, equal work")
+assert [n for n, _, _ in equal_steps] == planned and len(planned) == 1024 // 128
+
+# %% [markdown]
+# One run of each on a shared CPU is too noisy to compare steps that differ by a few
+# percent, so race the two sizings three times, interleaved, and keep each chunk step's
+# fastest time (the one least disturbed by other processes):
+
+# %% slideshow={"slide_type": "fragment"}
+# NBVAL_IGNORE_OUTPUT
+fastest = {"fixed": None, "equal_work": None}
+for _ in range(3):
+    for sizing in fastest:
+        engine, outputs = serve("chunked", 128, chunk_sizing=sizing)
+        runs["timing"] = (engine, outputs)
+        seconds = [t for _, _, t in chunk_steps("timing")]
+        fastest[sizing] = seconds if fastest[sizing] is None else list(map(min, fastest[sizing], seconds))
+del runs["timing"]
+for sizing, seconds in fastest.items():
+    print(f"{sizing:10s} chunk steps (ms): " + " ".join(f"{t * 1e3:5.1f}" for t in seconds)
+          + f"   slowest {max(seconds) * 1e3:5.1f}, all {sum(seconds) * 1e3:4.0f}")
+
+# %% [markdown]
+# Same number of steps, and flatter ones: the slowest chunk step, the streams' worst gap,
+# moves toward the average. Here, a 1024-token prompt on a model whose break-even length
+# is about three times the prompt, the last fixed chunk does only a third more work than
+# the first, and boundaries on 16-token blocks leave each equal-work chunk within a few
+# percent of its share, so the gain is modest; the longer the prompt against the
+# break-even length, the larger it gets (`python -m minillm bench interference` races
+# both sizings in rounds on a 2048-token prompt; the README has the numbers). Is the FLOP count the right weight on a CPU? Timing one 256-token chunk
+# with nothing cached and one after 1,792 cached tokens gives the break-even length this
+# CPU actually shows: within 6-17% of the FLOP count on the README's three shapes
+# (attention is a little slower per FLOP than the matmuls). `break_even_len=` sets a
+# measured one.
+#
+# Real engines: Sarathi-Serve's scheduler has a dynamic chunking schedule
+# (`enable_dynamic_chunking_schedule` in `sarathi/core/scheduler/sarathi_scheduler.py`:
+# chunk sizes step down from `high_chunk_size` to `low_chunk_size` as the prompt's
+# processed tokens grow); SGLang's `--enable-dynamic-chunking` (off by default, for
+# pipeline parallelism, where unequal chunks leave pipeline stages idle) sizes chunks "based
+# on fitted function to maintain consistent execution time across chunks" (its help text in
+# `python/sglang/srt/server_args.py`). vLLM's scheduler budgets tokens
+# (`max_num_batched_tokens`), as `chunk_sizing="fixed"` does.
+#
+# ## 8. Same tokens under every policy
 #
 # The policy decides *when* tokens are computed, never *what* they are: chunked prefill
 # builds the same KV cache as a whole prefill (chapter 4). With greedy sampling every
@@ -528,7 +631,7 @@ for name, (engine, outputs) in runs.items():
 print(f"{len(runs)} runs, {len(reference)} requests each: identical greedy outputs")
 
 # %% [markdown]
-# ## 8. Preemption: out of KV blocks, recompute later
+# ## 9. Preemption: out of KV blocks, recompute later
 #
 # Each running request holds KV blocks that grow with every token. When the pool runs
 # dry, the scheduler preempts the newest running request not yet in this step: it frees
@@ -592,7 +695,7 @@ assert steps["max 2 at a time"] - steps["roomy"] > steps["tight"] - steps["max 2
 # other request's decode), so they add few steps or none. Preemption costs time, never
 # correctness, which is why engines size the KV pool first and tune the rest after.
 #
-# ## 9. The same knobs in real engines
+# ## 10. The same knobs in real engines
 #
 # | minillm | what it bounds | vLLM | SGLang | TensorRT-LLM |
 # |---|---|---|---|---|
@@ -652,7 +755,7 @@ assert steps["max 2 at a time"] - steps["roomy"] > steps["tight"] - steps["max 2
 # inter-token gap for the streams. Chapter 7 lets you move along that trade-off.
 
 # %% [markdown]
-# ## 10. Real requests, real words
+# ## 11. Real requests, real words
 #
 # Everything above ran the tiny model on random prompts. The same engine serves a
 # trained model, SmolLM2-135M-Instruct (chapter 2 loads it), with its tokenizer, so each
