@@ -103,3 +103,8 @@ def test_break_even_measurement_reports_both_lengths():
     r = bench.bench_break_even(model, chunk=64, num_cached=512, repeats=1)
     assert r["flops"] == model.cfg.attention_break_even_len and (r["chunk"], r["num_cached"]) == (64, 512)
     assert math.isfinite(r["measured"])
+
+
+def test_median_row_takes_lists_position_by_position():
+    runs = [{"long_prompt_steps_s": steps} for steps in ([0.3, 0.1], [0.1, 0.2], [0.2, 0.9])]
+    assert bench._median_row(runs) == {"long_prompt_steps_s": [0.2, 0.2]}

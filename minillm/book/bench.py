@@ -263,6 +263,7 @@ def interference_case(model, policy: str, chunk_size: int | None, workload, chun
     long = next(o for o in outputs if o.tag == "long")
     streams = metrics.summarize([o for o in outputs if o.tag == "decoder"])
     everything = metrics.summarize(outputs)
+    long_steps = [r.duration for r in engine.trace if dict(r.scheduled).get(long.request_id, 0) > 1]
     return {
         "policy": policy, "chunk_size": chunk_size if policy == "chunked" else "-",
         "sizing": sched.chunk_sizing if policy == "chunked" else "-",
@@ -272,6 +273,7 @@ def interference_case(model, policy: str, chunk_size: int | None, workload, chun
         "itl_max_s": streams["itl"]["max"],
         "throughput_tok_s": everything["throughput_tok_s"],
         "steps": len(engine.trace),
+        "long_prompt_steps_s": long_steps,      # the long prompt's prefill steps, in order
     }
 
 
@@ -338,10 +340,15 @@ def _interference_headline(rows: list[dict], sizing: str = "fixed") -> dict:
 
 
 def _median_row(case_runs) -> dict:
-    """One case's rows from several rounds -> the median of each number."""
-    first = case_runs[0]
-    return {key: (statistics.median(r[key] for r in case_runs)
-                  if isinstance(value, float) else value) for key, value in first.items()}
+    """One case's rows from several rounds -> the median of each number (of
+    each position, for lists of the same length)."""
+    def median(key, value):
+        if isinstance(value, float):
+            return statistics.median(r[key] for r in case_runs)
+        if isinstance(value, list) and len({len(r[key]) for r in case_runs}) == 1:
+            return [statistics.median(column) for column in zip(*(r[key] for r in case_runs))]
+        return value
+    return {key: median(key, value) for key, value in case_runs[0].items()}
 
 
 def _save_interference_figure(rows, path: Path, prompt_len: int, num_decoders: int) -> None:
@@ -689,6 +696,10 @@ def _run_shape(args, shape: str, out: Path) -> dict:
                                  ("itl_p50_s", "ITL p50", ".4f"), ("itl_p99_s", "ITL p99", ".4f"),
                                  ("itl_max_s", "ITL max", ".4f"), ("throughput_tok_s", "tok/s", ".1f"),
                                  ("steps", "steps", "d")]))
+        for row in r["rows"]:
+            if row["policy"] == "chunked" and row["chunk_size"] == 256:
+                print(f"  the long prompt's chunk steps, chunked 256 {row['sizing']} (ms): "
+                      + " ".join(f"{t * 1e3:.1f}" for t in row["long_prompt_steps_s"]))
         for sizing, headline in r["by_sizing"].items():
             h, spread = headline["chunked256_vs_prefill_first"], headline["headline_spread"]
             ranges = {key: f" ({low:.2f}-{high:.2f})" if r["rounds"] > 1 else ""

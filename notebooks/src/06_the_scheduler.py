@@ -605,9 +605,9 @@ for sizing, seconds in fastest.items():
 # break-even length, the larger it gets (`python -m minillm bench interference` races
 # both sizings in rounds on a 2048-token prompt; the README has the numbers). Is the FLOP count the right weight on a CPU? Timing one 256-token chunk
 # with nothing cached and one after 1,792 cached tokens gives the break-even length this
-# CPU actually shows: within 6-17% of the FLOP count on the README's three shapes
-# (attention is a little slower per FLOP than the matmuls). `break_even_len=` sets a
-# measured one.
+# CPU actually shows (`python -m minillm bench chunk-cost` prints it): 10-16% below the
+# FLOP count on the README's three shapes, as attention runs a little slower per FLOP
+# than the matmuls. `break_even_len=` sets a measured one.
 #
 # Real engines: Sarathi-Serve's scheduler has a dynamic chunking schedule
 # (`enable_dynamic_chunking_schedule` in `sarathi/core/scheduler/sarathi_scheduler.py`:
