@@ -46,20 +46,20 @@ def _partly_done(tmp_path: Path) -> Path:
 
 def test_grade_a_solution_a_learner_copy_and_a_partly_done_copy(tmp_path, kernel_env):
     solved = grade.grade_notebook(ROOT / "exercises" / "solutions" / NOTEBOOK)
-    assert [r.status for r in solved] == ["passed"] * 3
-    assert sum(r.points for r in solved) == sum(r.max_points for r in solved) == 5
+    assert [r.status for r in solved] == ["passed"] * 4
+    assert sum(r.points for r in solved) == sum(r.max_points for r in solved) == 7
 
     untouched = grade.grade_notebook(ROOT / "exercises" / NOTEBOOK)
-    assert [r.status for r in untouched] == ["not attempted"] * 3
+    assert [r.status for r in untouched] == ["not attempted"] * 4
     assert sum(r.points for r in untouched) == 0
 
     partly = grade.grade_notebook(_partly_done(tmp_path))
-    assert [r.status for r in partly] == ["passed", "failed", "not attempted"]
-    assert [r.points for r in partly] == [2, 0, 0]
+    assert [r.status for r in partly] == ["passed", "failed", "not attempted", "not attempted"]
+    assert [r.points for r in partly] == [2, 0, 0, 0]
     assert "AFTER the first token" in partly[1].message and "\n" not in partly[1].message
     table = grade.format_table(partly)
     assert "1. The chunked policy as a pure function" in table and "not attempted" in table
-    assert re.search(r"total\s+2/5", table)
+    assert re.search(r"total\s+2/7", table)
 
 
 def test_grade_command_exits_0_on_a_failing_notebook_and_2_when_misused(tmp_path):

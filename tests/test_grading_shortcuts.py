@@ -142,6 +142,28 @@ def prefill_steps(prompt_len, chunk_size, num_decoding, token_budget):
     return math.ceil(prompt_len / per_step)
 
 
+def equal_work(prompt_len, chunk_size, break_even):
+    def work(m):
+        return m * break_even + m * (m + 1) // 2
+    num_chunks, total = math.ceil(prompt_len / chunk_size), work(prompt_len)
+    ends = []
+    for k in range(1, num_chunks):
+        m = ends[-1] if ends else 0
+        while work(m) * num_chunks < k * total:
+            m += 1
+        ends.append(m)
+    ends.append(prompt_len)
+    return [b - a for a, b in zip([0] + ends, ends)]
+
+
+def _rounded_down(prompt_len, chunk_size, break_even):
+    # boundary = the LAST m whose work stays below the share: one token short
+    sizes = equal_work(prompt_len, chunk_size, break_even)
+    ends = [sum(sizes[:i + 1]) for i in range(len(sizes))]
+    ends = [e - 1 if 0 < i < len(ends) - 1 or (i == 0 and len(ends) > 1) else e for i, e in enumerate(ends)]
+    return [b - a for a, b in zip([0] + ends, ends)]
+
+
 def choose(rows, slo_ms):
     ok = [r for r in rows if r["itl_max_s"] * 1e3 <= slo_ms]
     size = lambda r: math.inf if r["chunk_size"] == "off" else r["chunk_size"]
@@ -309,6 +331,15 @@ CASES = {
         ("floor_division", lambda p, c, n, b: p // (c if b is None else min(c, b - n)), "round up"),
         ("budget_for_prefill_alone", lambda p, c, n, b: math.ceil(p / (c if b is None else min(c, b))),
          "decodes take their tokens first"),
+    ]),
+    "check_equal_work_chunks": (equal_work, [
+        ("engine", lambda *a: minillm.chunk_sizing.equal_work_chunks(*a), "engine's own answer"),
+        ("fixed_tokens", lambda p, c, k: [c] * (p // c) + ([p % c] if p % c else []), "equal tokens is the fixed"),
+        ("too_many_chunks", lambda p, c, k: equal_work(p, c, k) + [0], "as many chunks as"),
+        ("last_chunk_dropped", lambda p, c, k: equal_work(p, c, k)[:-1], "the chunks tile the prompt"),
+        ("one_chunk_more", lambda p, c, k: equal_work(p, max(1, c - 1), k), "as many chunks as"),
+        ("rounded_down", _rounded_down, "round up, not down"),
+        ("hard_coded", lambda p, c, k: [327, 297, 275, 255, 241, 228, 218, 207], "add up to"),
     ]),
     "check_choose_chunk_size": (choose, [
         ("lab", lambda rows, slo: _ref07().pick_chunk_size(rows, slo), "engine's own answer"),

@@ -16,13 +16,17 @@ from ._reference import ch06 as _ref
 
 _SCHEDULER = ("minillm.scheduler.Scheduler.schedule", "minillm.scheduler.Scheduler._schedule_chunked",
               "minillm.engine.EngineCore.step", "minillm.grading._reference.ch06.engine_schedule_chunked",
-              "minillm.grading._reference.ch06.engine_num_prefill_steps")
+              "minillm.grading._reference.ch06.engine_num_prefill_steps",
+              "minillm.grading._reference.ch06.engine_equal_work_chunks")
+_CHUNK_SIZING = ("minillm.chunk_sizing.equal_work_chunks", "minillm.chunk_sizing.chunk_end",
+                 "minillm.chunk_sizing.tokens_within", "minillm.chunk_sizing.prefill_work")
 _METRICS = ("minillm.request.RequestMetrics.ttft", "minillm.request.RequestMetrics.tpot",
             "minillm.request.RequestMetrics.itl", "minillm.request.RequestMetrics.e2e",
             "minillm.metrics.summarize", "minillm.metrics.distribution")
 _WHY = "work it out from the rules in the statement; the checker compares with the engine for you."
 
-__all__ = ["check_schedule_chunked", "check_stream_metrics", "check_num_prefill_steps"]
+__all__ = ["check_schedule_chunked", "check_stream_metrics", "check_num_prefill_steps",
+           "check_equal_work_chunks"]
 
 
 
@@ -177,3 +181,46 @@ def check_num_prefill_steps(fn, seed: int | None = None):
                   f"token_budget={token_budget}: you predict {got!r} steps, the engine took {expected}. "
                   "Each step the decodes take their tokens first; the prompt gets what is left, at most chunk_size.")
     return passed(f"check_num_prefill_steps: correct on {len(cases)} cases, same step counts as the engine")
+
+
+# ---------------------------------------------------------------------------
+# 4. Chunks of equal work
+# ---------------------------------------------------------------------------
+def _work(start: int, n: int, break_even: int) -> int:
+    return n * (break_even + start) + n * (n + 1) // 2
+
+
+def check_equal_work_chunks(fn, seed: int | None = None):
+    """fn(prompt_len, chunk_size, break_even) -> the chunk sizes of equal work."""
+    rng = random.Random(seed)
+    cases = [(2048, 256, 2944), (1024, 128, 2944), (1000, 256, 0), (100, 256, 500), (2048, 256, 10**9)]
+    for _ in range(12):
+        cases.append((rng.randint(1, 5000), rng.choice([16, 64, 256, rng.randint(4, 900)]),
+                      rng.choice([0, rng.randint(1, 100), rng.randint(100, 30000)])))
+    for prompt_len, chunk_size, break_even in cases:
+        expected = _ref.engine_equal_work_chunks(prompt_len, chunk_size, break_even)
+        got = learner_call(fn, prompt_len, chunk_size, break_even, forbidden=_SCHEDULER + _CHUNK_SIZING, why=_WHY)
+        if got == expected:
+            continue
+        shown = f"prompt_len={prompt_len}, chunk_size={chunk_size}, break_even={break_even}"
+        got_list = list(got) if isinstance(got, (list, tuple)) else None
+        if got_list is None or not all(isinstance(x, int) for x in got_list):
+            _fail(f"{shown}: return a list of chunk sizes (ints), got {got!r}")
+        if sum(got_list) != prompt_len:
+            _fail(f"{shown}: your chunks add up to {sum(got_list)} tokens, the prompt has {prompt_len}: "
+                  "the chunks tile the prompt")
+        if len(got_list) != len(expected):
+            _fail(f"{shown}: {len(got_list)} chunks, the engine makes {len(expected)}: as many chunks as "
+                  "chunk_size makes (ceil(prompt_len / chunk_size)), only their boundaries move")
+        if len(set(got_list[:-1])) == 1 and len(set(expected)) > 1:
+            _fail(f"{shown}: your chunks are {got_list[:3]}...: equal tokens is the fixed sizing; weigh each "
+                  "token by its work, break_even + (its position + 1)")
+        total = _work(0, prompt_len, break_even)
+        ends = [sum(got_list[:i + 1]) for i in range(len(got_list))]
+        k = next(i for i, (a, b) in enumerate(zip(ends, [sum(expected[:i + 1]) for i in range(len(expected))]))
+                 if a != b)
+        _fail(f"{shown}: chunk {k + 1} ends at token {ends[k]}, the engine's at {sum(expected[:k + 1])}: "
+              f"boundary k is the FIRST token count m whose work reaches k/num_chunks of the total "
+              f"({total} here), i.e. work(m) * num_chunks >= k * total: round up, not down")
+    return passed(f"check_equal_work_chunks: correct on {len(cases)} prompts, the same chunks as the engine's "
+                  "equal_work scheduler")

@@ -126,3 +126,55 @@ ex.check_num_prefill_steps(num_prefill_steps)  # points: 2
 # vLLM-style: one budget for everything. 64 streams and a 512-token budget leave 448
 # prefill tokens per step, so an 8192-token prompt takes 19 steps, not 16.
 assert num_prefill_steps(8192, 512, 64, 512) == 19
+
+# %% [markdown]
+# ## 4. Chunks of equal work
+#
+# With chunks of equal tokens the last chunk of a long prompt is the slowest step (its
+# attention sees the whole prefix), and the decoding streams wait through it. Chapter 6
+# (section 7) keeps the number of chunks but moves the boundaries so that every chunk has
+# the same *work*. Count a token's work in query-key pairs: the token at position `p`
+# (from 0, nothing cached) costs `break_even + p + 1`: its matmuls, worth `break_even`
+# pairs, plus one pair per key it attends to, itself included. So the first `m` tokens
+# cost `work(m) = m * break_even + m * (m + 1) / 2`.
+#
+# `equal_work_chunks(prompt_len, chunk_size, break_even)`: split the prompt into
+# `num_chunks = ceil(prompt_len / chunk_size)` chunks; boundary `k` (for `k` from 1 to
+# `num_chunks - 1`) is the **smallest** `m` with `work(m) * num_chunks >= k * work(prompt_len)`
+# (integers: no rounding question), and the last chunk ends at `prompt_len`. Return the
+# chunk sizes, a list of ints. The checker runs the engine's scheduler
+# (`chunk_sizing="equal_work"`, KV blocks of one token so that no boundary is rounded to a
+# block) and compares.
+#
+# <details><summary>Hint</summary>
+#
+# Walk `m` up from the previous boundary until the inequality holds (a few thousand steps
+# at most), or solve the quadratic `m^2 / 2 + m (break_even + 1/2) = k * total / num_chunks`
+# and step `m` by one until the integer inequality holds.
+#
+# </details>
+
+# %%
+def equal_work_chunks(prompt_len, chunk_size, break_even):
+    ### BEGIN SOLUTION
+    def work(m):
+        return m * break_even + m * (m + 1) // 2
+
+    num_chunks = math.ceil(prompt_len / chunk_size)
+    total = work(prompt_len)
+    ends, m = [], 0
+    for k in range(1, num_chunks):
+        while work(m) * num_chunks < k * total:
+            m += 1
+        ends.append(m)
+    ends.append(prompt_len)
+    return [end - start for start, end in zip([0] + ends, ends)]
+    ### END SOLUTION
+
+# %%
+ex.check_equal_work_chunks(equal_work_chunks)  # points: 2
+# The `tiny` model's break-even length is 2944: a 2048-token prompt in 8 chunks of equal
+# work starts with chunks longer than 256 tokens and ends with shorter ones.
+sizes = equal_work_chunks(2048, 256, 2944)
+print(sizes)
+assert len(sizes) == 8 and sizes[0] > 256 > sizes[-1]

@@ -89,3 +89,18 @@ def engine_num_prefill_steps(prompt_len: int, chunk_size: int, num_decoding: int
         core.step()
         steps += 1
     return steps
+
+
+def engine_equal_work_chunks(prompt_len: int, chunk_size: int, break_even: int) -> list[int]:
+    """Run the engine (fake executor) with chunk_sizing="equal_work" on one
+    prompt, KV blocks of one token (so no boundary is rounded), and return the
+    chunk sizes its steps gave the prompt."""
+    config = SchedulerConfig(policy="chunked", chunk_size=chunk_size, chunk_sizing="equal_work",
+                             break_even_len=break_even)
+    core = EngineCore(config, BlockManager(prompt_len + 8, 1), _CountingExecutor(), VirtualClock())
+    rid = core.add_request(None, SamplingParams(max_tokens=1, ignore_eos=True), prompt_len=prompt_len)
+    sizes = []
+    while not core.requests[rid].output_token_ids:
+        core.step()
+        sizes += [n for r, n in core.trace[-1].scheduled if r == rid]
+    return sizes
