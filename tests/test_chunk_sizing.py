@@ -196,3 +196,37 @@ def test_on_a_simulated_gpu_equal_work_shortens_the_worst_gap_at_the_same_step_c
     fixed, equal = long_steps(runs["fixed"]), long_steps(runs["equal_work"])
     assert len(fixed) == len(equal) == 8
     assert max(equal) < max(fixed) and max(equal) / min(equal) < max(fixed) / min(fixed)
+
+
+def test_equal_work_with_partial_prefills_serves_everyone_and_leaks_nothing():
+    config = SchedulerConfig(policy="chunked", chunk_size=64, max_num_partial_prefills=2,
+                             long_prefill_token_threshold=100, chunk_sizing="equal_work", break_even_len=30)
+    core, ids = run([500, 40, 300, 20], config, num_blocks=200, decoders=2)
+    assert all(core.requests[i].output_token_ids for i in ids)
+    # two prompts share a step's prefill budget: neither is starved
+    shared = [rec for rec in core.trace if sum(1 for r, n in rec.scheduled if n > 1) == 2]
+    assert shared
+    while core.has_unfinished_requests():
+        core.step()
+    assert core.block_manager.num_free_blocks == 200 and not core.scheduler._prefill_plans
+
+
+def test_equal_work_with_prefix_caching_plans_from_the_cached_prefix():
+    model = minillm.build_model("tiny", dtype=torch.float32)
+    system = [(3 * i + 1) % 500 for i in range(320)]
+    prompts = [system + [7, 8, 9] * 40, system + [4, 5] * 50]
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    outputs = {}
+    for sizing in ("fixed", "equal_work"):
+        engine = minillm.LLMEngine(model, SchedulerConfig(chunk_size=64, chunk_sizing=sizing),
+                                   enable_prefix_caching=True)
+        outputs[sizing] = [o.output_token_ids for o in engine.generate(prompts[:1], params)]
+        outputs[sizing] += [o.output_token_ids for o in engine.generate(prompts[1:], params)]
+        second = max(engine.requests)
+        chunks = [n for rec in engine.trace for r, n in rec.scheduled if r == second and n > 1]
+        if sizing == "equal_work":
+            # the second prompt starts after its 320 cached tokens: its plan covers only the other 100
+            assert chunks == equal_work_chunks(100, 64, model.cfg.attention_break_even_len, start=320, align=16)
+        else:
+            assert chunks == [64, 36]
+    assert outputs["fixed"] == outputs["equal_work"]
