@@ -188,3 +188,15 @@ def test_simulating_this_machine_agrees_with_measuring_it():
     measured = lab.lab_run(lab.LabSettings(mode="measure", **setting)).summary
     for key in ("long_ttft_s", "decoder_itl_max_s", "decoder_tpot_mean_s"):
         assert abs(simulated[key] - measured[key]) < 0.5 * measured[key], (key, simulated[key], measured[key])
+
+
+def test_the_lab_sizes_chunks_by_work_when_asked():
+    setting = dict(model="qwen3-0.6b", hardware="H100-SXM", prompt_len=30_000, chunk_size=2048, num_decoders=8)
+    fixed = lab.lab_run(lab.LabSettings(**setting)).summary
+    equal = lab.LabSettings(**setting, chunk_sizing="equal_work")
+    assert equal.sched().chunk_sizing == "equal_work"
+    assert "(equal work)" in lab.lab_verdict(equal)
+    # a long prompt on a small model: attention is most of the late chunks' work
+    assert lab.lab_run(equal).summary["decoder_itl_max_s"] < 0.8 * fixed["decoder_itl_max_s"]
+    with pytest.raises(ValueError, match="chunk_sizing='even'"):
+        lab.LabSettings(chunk_sizing="even").check()

@@ -25,7 +25,7 @@ from ..validation import check_choice, check_int, check_real
 import matplotlib.pyplot as plt
 
 from . import figures
-from ..scheduler import SchedulerConfig
+from ..scheduler import CHUNK_SIZINGS, SchedulerConfig
 from ..sim.capacity import SIMULATED_DIR, CapacitySLO, capacity, point_key, load_point, load_points
 from ..sim.simulator import resolve_hardware, resolve_model
 from ..sim.workloads import LENGTH_MIXES, Workload, long_prompt_interference
@@ -75,6 +75,7 @@ class LabSettings:
     rate_per_s: float = 4.0          # under load: requests per second
     ttft_slo_ms: float = 2000.0      # under load: the median TTFT
     policy: str = "chunked"          # under load: one of LAB_POLICIES
+    chunk_sizing: str = "fixed"      # chunks of equal tokens, or "equal_work" (chapter 6, section 7)
 
     def check(self) -> "LabSettings":
         """Raise ValueError naming the first bad setting; return self."""
@@ -87,6 +88,7 @@ class LabSettings:
                      hint="'tiny' (random weights, fast) or 'smollm2-135m-instruct' (real, slower)")
         check_choice("workload", self.workload, WORKLOADS)
         check_choice("policy", self.policy, LAB_POLICIES)
+        check_choice("chunk_sizing", self.chunk_sizing, CHUNK_SIZINGS)
         check_real("itl_slo_ms", self.itl_slo_ms, 0, exclusive_minimum=True, hint="milliseconds")
         check_real("ttft_slo_ms", self.ttft_slo_ms, 0, exclusive_minimum=True, hint="milliseconds")
         check_real("rate_per_s", self.rate_per_s, 0, exclusive_minimum=True, hint="4 requests per second")
@@ -121,7 +123,7 @@ class LabSettings:
             return SchedulerConfig(policy="prefill_first")
         if policy == "decode_first":
             return SchedulerConfig(policy="decode_first")
-        return SchedulerConfig(policy=policy, chunk_size=int(self.chunk_size))
+        return SchedulerConfig(policy=policy, chunk_size=int(self.chunk_size), chunk_sizing=self.chunk_sizing)
 
     def workload_spec(self) -> Workload:
         return long_prompt_interference(prompt_len=self.prompt_len, num_decoders=self.num_decoders)
@@ -349,7 +351,11 @@ def _what(settings: LabSettings) -> str:
     sched = settings.sched()
     if sched.policy in ("prefill_first", "decode_first"):
         return sched.policy.replace("_", "-") + ", no chunking"
-    return f"{sched.policy} chunk {sched.chunk_size}"
+    return f"{sched.policy} chunk {sched.chunk_size}" + _sizing_words(sched)
+
+
+def _sizing_words(sched: SchedulerConfig) -> str:
+    return " (equal work)" if sched.chunk_sizing == "equal_work" else ""
 
 
 def lab_verdict(settings=None, **overrides) -> str:
@@ -366,7 +372,8 @@ def lab_verdict(settings=None, **overrides) -> str:
     s = lab_run(settings).summary
     worst_ms, ttft_ms = s["decoder_itl_max_s"] * 1e3, s["long_ttft_s"] * 1e3
     tpot_ms = s["decoder_tpot_mean_s"] * 1e3
-    what = "no chunking" if settings.chunk_size == OFF else f"chunk {settings.chunk_size}"
+    what = ("no chunking" if settings.chunk_size == OFF
+            else f"chunk {settings.chunk_size}" + _sizing_words(settings.sched()))
     ok = worst_ms <= settings.itl_slo_ms
     return (f"{'MEETS' if ok else 'MISSES'} the {settings.itl_slo_ms:g} ms ITL SLO with {what}: "
             f"worst decoder gap {worst_ms:.1f} ms (mean TPOT {tpot_ms:.1f} ms), "

@@ -56,6 +56,8 @@ def lab_controls(settings: lab_state.LabSettings | None = None) -> dict:
         "chunk_size": w.SelectionSlider(options=CHUNK_OPTIONS, value=s.chunk_size,
                                         description="chunk size (tokens)", style=style, layout=layout,
                                         continuous_update=False),
+        "chunk_sizing": w.ToggleButtons(options=[("equal tokens", "fixed"), ("equal work", "equal_work")],
+                                        value=s.chunk_sizing, description="chunks of", style=style),
         "rate_per_s": w.FloatLogSlider(value=s.rate_per_s, base=2, min=-2, max=6, step=0.5,
                                        description="request rate (req/s)", style=style, layout=layout,
                                        continuous_update=False),
@@ -119,8 +121,8 @@ class LabView:
         self._rendered: OrderedDict = OrderedDict()        # interference pictures by setting
         self.settings = None
         self.redraws = 0
-        left = w.VBox([self.controls[k] for k in ("workload", "policy", "chunk_size", "rate_per_s",
-                                                  "itl_slo_ms", "ttft_slo_ms")])
+        left = w.VBox([self.controls[k] for k in ("workload", "policy", "chunk_size", "chunk_sizing",
+                                                  "rate_per_s", "itl_slo_ms", "ttft_slo_ms")])
         right = w.VBox([self.controls[k] for k in ("num_decoders", "prompt_len", "model", "hardware", "mode",
                                                    "measure_model")])
         self.widget = w.VBox([w.HBox([left, right]), self.verdict, self.progress, self.image])

@@ -122,7 +122,10 @@ assert abs(chunked["decoder_tpot_mean_s"] - whole["decoder_tpot_mean_s"]) < 0.1 
 # a run of seconds, or the real SmolLM2-135M-Instruct
 # (`figures.lab_run(mode="measure", measure_model="smollm2-135m-instruct")`), whose 30
 # layers make every step several times slower: on a 2-core CPU the default setting takes
-# tens of seconds, and a progress line counts the steps meanwhile.
+# tens of seconds, and a progress line counts the steps meanwhile. "chunks of" switches
+# between chunks of equal tokens and chunks of equal work (chapter 6, section 7): the same
+# number of chunks, with the late ones shortened so that no step is the slowest by far.
+# Try it with a small model over a long prompt, where attention is most of the work.
 #
 # Every view is a plain function of the settings (`figures.lab_figure(settings)`,
 # `figures.lab_verdict(settings)`); the widget only wires controls to them, so the figure
@@ -137,6 +140,19 @@ widgets.lab()
 
 # %%
 figures.lab_figure(chunk_size=256)
+
+# %% [markdown]
+# The "chunks of" switch, on a setting where it matters (Qwen3-0.6B on an H100, a 30,000-token
+# prompt among 8 streams, chunks of 2048 tokens): one verdict line per sizing.
+
+# %%
+ATTENTION_HEAVY = dict(model="qwen3-0.6b", hardware="H100-SXM", prompt_len=30_000, num_decoders=8,
+                       chunk_size=2048, itl_slo_ms=25.0)
+for sizing in ("fixed", "equal_work"):
+    print(f"{sizing:10s}", figures.lab_verdict(**ATTENTION_HEAVY, chunk_sizing=sizing))
+worst = {sizing: lab.lab_run(lab.LabSettings(**ATTENTION_HEAVY, chunk_sizing=sizing)).summary["decoder_itl_max_s"]
+         for sizing in ("fixed", "equal_work")}
+assert worst["equal_work"] < 0.8 * worst["fixed"]
 
 # %% [markdown]
 # ### 3.1 Under load: the trade-off one prompt hides
