@@ -66,7 +66,9 @@ def lab_controls(settings: lab_state.LabSettings | None = None) -> dict:
                                    layout=layout),
         "num_decoders": w.IntSlider(value=s.num_decoders, min=1, max=64, description="decoding streams",
                                     style=style, layout=layout, continuous_update=False),
-        "prompt_len": w.IntSlider(value=s.prompt_len, min=128, max=4000, step=64,
+        # up to 32k: a long prompt on a small model (Qwen3-0.6B takes 40,960) is where chunks
+        # of equal work matter; the verdict names a model's limit when a prompt exceeds it
+        "prompt_len": w.IntSlider(value=s.prompt_len, min=128, max=32768, step=64,
                                   description="long prompt (tokens)", style=style, layout=layout,
                                   continuous_update=False),
         "model": w.Dropdown(options=MODEL_OPTIONS, value=s.model, description="model (simulate)",
