@@ -144,14 +144,17 @@ def test_token_budget_still_caps_the_real_tokens():
 
 def test_a_preempted_prompt_is_replanned_from_where_it_restarts():
     config = SchedulerConfig(policy="chunked", chunk_size=64, chunk_sizing="equal_work", break_even_len=50)
-    scheduler = Scheduler(config, BlockManager(64, 16))
-    core = EngineCore(config, scheduler.block_manager, FakeExecutor(), VirtualClock())
+    core = EngineCore(config, BlockManager(64, 16), FakeExecutor(), VirtualClock())
     rid = core.add_request(None, SamplingParams(max_tokens=2, ignore_eos=True), prompt_len=300)
     core.step()
     request = core.requests[rid]
     assert core.scheduler._prefill_plans[rid] == (0, 300, 5)
     core.scheduler._preempt(request, minillm.scheduler.ScheduledStep())
     assert rid not in core.scheduler._prefill_plans
+    core.step()                                          # back in, planned afresh from token 0
+    assert core.scheduler._prefill_plans[rid] == (0, 300, 5)
+    core.abort_request(rid)                              # an abort mid-prefill drops the plan too
+    assert rid not in core.scheduler._prefill_plans and core.block_manager.num_free_blocks == 64
 
 
 def test_configs_say_what_is_wrong():

@@ -529,9 +529,9 @@ assert best_ttft["chunked C=64"] > 0.8 * best_ttft["prefill_first"]
 
 # %% slideshow={"slide_type": "subslide"}
 # NBVAL_IGNORE_OUTPUT
-def chunk_steps(name):
+def chunk_steps(run):
     """(prefill tokens, cached tokens before the chunk, seconds) of the long prompt's steps."""
-    engine, outputs = runs[name]
+    engine, outputs = run
     rid = long_request(outputs).request_id
     steps, cached = [], 0
     for record in engine.trace:
@@ -541,7 +541,7 @@ def chunk_steps(name):
             cached += n
     return steps
 
-for n, cached, seconds in chunk_steps("chunked C=128"):
+for n, cached, seconds in chunk_steps(runs["chunked C=128"]):
     print(f"chunk of {n} tokens after {cached:4d} cached: {seconds * 1e3:5.1f} ms")
 
 # %% [markdown]
@@ -575,7 +575,7 @@ print("equal-work chunks:", planned)
 print("their work, relative to the first:",
       ", ".join(f"{prefill_work(s, n, K) / prefill_work(0, planned[0], K):.2f}" for s, n in zip(starts, planned)))
 runs["chunked C=128, equal work"] = serve("chunked", 128, chunk_sizing="equal_work")
-equal_steps = chunk_steps("chunked C=128, equal work")
+equal_steps = chunk_steps(runs["chunked C=128, equal work"])
 assert [n for n, _, _ in equal_steps] == planned and len(planned) == 1024 // 128
 
 # %% [markdown]
@@ -588,11 +588,8 @@ assert [n for n, _, _ in equal_steps] == planned and len(planned) == 1024 // 128
 fastest = {"fixed": None, "equal_work": None}
 for _ in range(3):
     for sizing in fastest:
-        engine, outputs = serve("chunked", 128, chunk_sizing=sizing)
-        runs["timing"] = (engine, outputs)
-        seconds = [t for _, _, t in chunk_steps("timing")]
+        seconds = [t for _, _, t in chunk_steps(serve("chunked", 128, chunk_sizing=sizing))]
         fastest[sizing] = seconds if fastest[sizing] is None else list(map(min, fastest[sizing], seconds))
-del runs["timing"]
 for sizing, seconds in fastest.items():
     print(f"{sizing:10s} chunk steps (ms): " + " ".join(f"{t * 1e3:5.1f}" for t in seconds)
           + f"   slowest {max(seconds) * 1e3:5.1f}, all {sum(seconds) * 1e3:4.0f}")
