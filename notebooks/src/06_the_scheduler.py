@@ -566,7 +566,7 @@ assert fixed_work == sorted(fixed_work) and sum(fixed_work) == prefill_work(0, 1
 # steps, each with its fixed price), but put the boundaries where the *work* is split
 # evenly: early chunks longer than C, late ones shorter. That is
 # `SchedulerConfig(chunk_sizing="equal_work")`. The scheduler plans a prompt's chunks when
-# its prefill starts and rounds each boundary to a KV block:
+# its prefill starts and, for chunks of 8 KV blocks or more, rounds each boundary to a block:
 
 # %% slideshow={"slide_type": "subslide"}
 planned = equal_work_chunks(1024, 128, K, align=16)
