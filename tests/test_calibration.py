@@ -138,11 +138,15 @@ def test_simulate_counts_bytes_at_the_hardware_dtype_by_default():
             == simulate_disaggregated(workload, dtype_bytes=4, **split).summary()["duration_s"])
 
 
-def test_is_calibrated_says_whether_calibrate_would_measure(tmp_path):
+def test_is_calibrated_says_whether_calibrate_would_measure(tmp_path, monkeypatch):
     path = tmp_path / "hw.json"
     assert not hardware.is_calibrated(device="cpu", cache_path=path)
     hw = hardware.calibrate(device="cpu", repeats=1, progress=False, cache_path=path, force=True)
     assert hardware.is_calibrated(device="cpu", cache_path=path)
+    # ... and only for that file: this quick one-repeat fit once became the process's
+    # answer for the default file too, so the lab's "this machine" simulated with it
+    monkeypatch.setenv("MINILLM_CACHE_DIR", str(tmp_path / "default"))
+    assert not hardware.is_calibrated(device="cpu")
     hardware._CALIBRATED.clear()                    # the file alone is enough
     assert hardware.is_calibrated(device="cpu", cache_path=path)
     assert hardware.calibrate(device="cpu", cache_path=path) == hw
@@ -159,3 +163,4 @@ def test_attention_never_comes_out_cheaper_than_the_gemms():
     fitted = fit_step_model(cfg, shapes, predict_step_times(cfg, shapes, free_attention), dtype_bytes=4)
     assert fitted.attention_bandwidth_efficiency in (None, 1.0) and fitted.attention_efficiency == 1.0
     assert fitted.peak_flops_s < 1e13
+

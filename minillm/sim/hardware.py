@@ -134,6 +134,8 @@ def get_hardware(hardware) -> Hardware:
 
 # ---- this machine ------------------------------------------------------------
 
+# (key, cache file) -> profile. The file is part of the key: a calibration kept
+# elsewhere (a test's quick one in a temporary file) is not this machine's default.
 _CALIBRATED: dict[tuple, Hardware] = {}
 
 
@@ -178,13 +180,13 @@ def _calibration_key(device, dtype, shapes, statistic, cache_path):
 
 def _cached_calibration(key, path: Path) -> Hardware | None:
     """The profile calibrate() would return without measuring: this process's, or the file's."""
-    if key in _CALIBRATED:
-        return _CALIBRATED[key]
+    if (key, str(path)) in _CALIBRATED:
+        return _CALIBRATED[key, str(path)]
     try:
         saved = json.loads(path.read_text())
         if tuple(saved.pop("_key")) == key:
-            _CALIBRATED[key] = Hardware(**saved)
-            return _CALIBRATED[key]
+            _CALIBRATED[key, str(path)] = Hardware(**saved)
+            return _CALIBRATED[key, str(path)]
     except (OSError, ValueError, TypeError, KeyError):
         pass                                      # no or stale cache
     return None
@@ -237,7 +239,7 @@ def calibrate(device=None, dtype=None, force: bool = False, repeats: int = 5, pr
     hw = hw.replace(memory_bytes=memory_bytes, dtype=dtype_name,
                     source=f"calibrate(): {len(shapes)} tiny-model steps timed ({statistic} of {repeats}) "
                            f"and fitted, torch {torch.__version__}")
-    _CALIBRATED[key] = hw
+    _CALIBRATED[key, str(path)] = hw
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({**hw.to_dict(), "_key": list(key)}, indent=1))
