@@ -343,33 +343,37 @@ class EngineCore:
         served: list[Request] = []                 # what `after` conditions look at
 
         def add_due() -> tuple[list[int], bool]:
-            now = self.clock.now()
-            # 1 ns of slack: after skip_to(run_start + t), now - run_start may
-            # round to just below t.
-            elapsed_s = now - run_start + 1e-9
-            new_ids = []
-            for index, spec in list(pending):
-                if not spec.is_due(elapsed_s, served):
-                    continue
-                # A timed request arrived at its own time, possibly mid-step:
-                # its TTFT includes the wait for the step boundary.
-                arrival = min(now, run_start + spec.arrival_time) if spec.after is None else now
-                rid = self.add_request(
-                    workload.prompt_ids(index, self.vocab_size),
-                    SamplingParams(max_tokens=spec.max_tokens, ignore_eos=True, temperature=0.0),
-                    arrival_time=arrival, prompt_len=spec.prompt_len, tag=spec.tag)
-                added[index] = rid
-                served.append(self.requests[rid])
-                new_ids.append(rid)
-                pending.remove((index, spec))
-            if not new_ids and pending and not self.has_unfinished_requests():
+            # A loop, not a recursive call: a closure that calls itself holds
+            # itself, and the engine, in a reference cycle, so a dropped engine
+            # and its KV pool would wait for the garbage collector, which then
+            # frees them in the middle of some later step (10-20 ms on a CPU).
+            while True:
+                now = self.clock.now()
+                # 1 ns of slack: after skip_to(run_start + t), now - run_start may
+                # round to just below t.
+                elapsed_s = now - run_start + 1e-9
+                new_ids = []
+                for index, spec in list(pending):
+                    if not spec.is_due(elapsed_s, served):
+                        continue
+                    # A timed request arrived at its own time, possibly mid-step:
+                    # its TTFT includes the wait for the step boundary.
+                    arrival = min(now, run_start + spec.arrival_time) if spec.after is None else now
+                    rid = self.add_request(
+                        workload.prompt_ids(index, self.vocab_size),
+                        SamplingParams(max_tokens=spec.max_tokens, ignore_eos=True, temperature=0.0),
+                        arrival_time=arrival, prompt_len=spec.prompt_len, tag=spec.tag)
+                    added[index] = rid
+                    served.append(self.requests[rid])
+                    new_ids.append(rid)
+                    pending.remove((index, spec))
+                if new_ids or not pending or self.has_unfinished_requests():
+                    return new_ids, bool(pending)
                 timed = [s.arrival_time for _, s in pending if s.after is None]
                 if not timed:   # validated workloads cannot get here; never drop silently
                     raise RuntimeError(f"workload requests {[i for i, _ in pending][:8]} wait on "
                                        "`after` conditions that can no longer hold")
-                self.clock.skip_to(run_start + min(timed))
-                return add_due()
-            return new_ids, bool(pending)
+                self.clock.skip_to(run_start + min(timed))      # idle until the next arrival
 
         final = self._serve([], progress, add_due, total=len(workload.requests))
         return [final[added[i]] for i in sorted(added)]

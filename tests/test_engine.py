@@ -184,3 +184,28 @@ def test_ttft_counts_the_wait_for_the_step_boundary():
     first, late = core.run_workload(wl)
     assert late.metrics.arrival_time == 0.5
     assert late.metrics.first_token_time == 2.0 and late.metrics.ttft == pytest.approx(1.5)
+
+
+def test_a_dropped_engine_and_its_kv_pool_go_at_once_not_at_the_next_garbage_collection():
+    # run_workload's arrival closure once called itself, which held it and the engine in a
+    # reference cycle: the pool of a dropped engine lived on until the garbage collector
+    # freed it, mid-step in whatever ran next (10-20 ms on a CPU).
+    import gc
+    import weakref
+    from minillm.sim import workloads
+
+    model = minillm.build_model("tiny", seed=0)
+    workload = workloads.long_prompt_interference(prompt_len=64, num_decoders=2, decoder_prompt_len=8,
+                                                  warmup_tokens=2, decoder_output_len=4, long_output_len=2)
+    gc.collect()
+    gc.disable()
+    try:
+        for serve in (lambda e: e.run_workload(workload),
+                      lambda e: e.generate([[1, 2, 3], [4, 5]], minillm.SamplingParams(max_tokens=3))):
+            engine = minillm.LLMEngine(model, minillm.SchedulerConfig(chunk_size=32))
+            serve(engine)
+            pool = weakref.ref(engine.executor.runner.kv_cache.data)
+            del engine
+            assert pool() is None
+    finally:
+        gc.enable()
