@@ -11,8 +11,9 @@
 # ONE forward pass, samples, and timestamps every token. You will read the three policies
 # in the scheduler's real code, draw the trace of a run as a timeline, measure TTFT, TPOT
 # and inter-token latency (ITL) per policy and chunk size on the long-prompt interference
-# scenario, watch a request get preempted and recomputed with its output unchanged, and
-# map the knobs onto vLLM, SGLang, TensorRT-LLM and Sarathi-Serve. Along the way three
+# scenario, size chunks by their work instead of their tokens so that the last chunk stops
+# being the streams' worst gap, watch a request get preempted and recomputed with its
+# output unchanged, and map the knobs onto vLLM, SGLang, TensorRT-LLM and Sarathi-Serve. Along the way three
 # claims of the source articles get checked against measurements.
 
 # %% slideshow={"slide_type": "skip"}
