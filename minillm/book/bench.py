@@ -23,6 +23,7 @@ asserts in tests (shared machines are noisy).
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import statistics
 import time
@@ -259,6 +260,7 @@ def interference_case(model, policy: str, chunk_size: int | None, workload, chun
     sched = SchedulerConfig(policy=policy, chunk_size=chunk_size or 512, max_num_seqs=64,
                             chunk_sizing=chunk_sizing if policy == "chunked" else "fixed")
     engine = LLMEngine(model, sched)
+    gc.collect()              # what earlier cases left is freed now, not in one of this case's steps
     outputs = engine.run_workload(workload)
     long = next(o for o in outputs if o.tag == "long")
     streams = metrics.summarize([o for o in outputs if o.tag == "decoder"])
@@ -459,7 +461,9 @@ def bench_hf(num_requests: int = 32, device=None, seed: int = 0, shape: str = "t
     engine.generate([[1] * 16], SamplingParams(max_tokens=2, ignore_eos=True))   # warm-up
     hf_times, our_times = [], []
     for _ in range(rounds):
+        gc.collect()
         hf_tokens, hf_s = hf_generate(hf, prompts, output_lens)
+        gc.collect()          # each side starts with nothing left for the collector
         t0 = time.perf_counter()
         outs = engine.generate(prompts, params)
         hf_times.append(hf_s)
