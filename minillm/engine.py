@@ -445,6 +445,23 @@ def default_num_blocks(model, max_num_seqs: int, block_size: int) -> int:
     return min(wanted, free_bytes // bytes_per_block)
 
 
+def check_pool_fits(model, num_blocks, block_size: int) -> int:
+    """num_blocks, refused by name when its pool cannot fit in the memory the
+    device has free: before the block manager counts out its free list, so
+    num_blocks=2**40 is an error, not the machine running out of memory."""
+    num_blocks = check_int("num_blocks", num_blocks, 1, hint="64, or None for a default that fits")
+    pool_bytes = num_blocks * model.cfg.kv_bytes_per_token(model.dtype.itemsize) * block_size
+    if model.device.type == "cuda":
+        free_bytes = torch.cuda.mem_get_info(model.device)[0]
+    else:
+        free_bytes = available_ram_bytes()
+    if free_bytes is not None and pool_bytes > free_bytes:
+        raise ValueError(f"num_blocks={num_blocks}: a KV pool of {pool_bytes / 2**30:.3g} GiB does not fit in the "
+                         f"{free_bytes / 2**30:.1f} GiB free on {model.device.type} "
+                         "(try num_blocks=None for a default that fits)")
+    return num_blocks
+
+
 class LLMEngine(EngineCore):
     """The real engine: a model, a scheduler config and a paged KV pool."""
 
@@ -460,6 +477,8 @@ class LLMEngine(EngineCore):
         block_size = check_int("block_size", block_size, 1, hint="16")
         if num_blocks is None:
             num_blocks = default_num_blocks(model, sched.max_num_seqs, block_size)
+        else:
+            num_blocks = check_pool_fits(model, num_blocks, block_size)
         # enable_prefix_caching (vLLM's name): reuse the KV blocks of prefixes
         # already computed, e.g. a system prompt shared by many chats.
         blocks = make_block_manager(num_blocks, block_size, enable_prefix_caching)

@@ -209,3 +209,15 @@ def test_a_dropped_engine_and_its_kv_pool_go_at_once_not_at_the_next_garbage_col
             assert pool() is None
     finally:
         gc.enable()
+
+
+def test_a_pool_that_cannot_fit_is_refused_by_name_before_anything_is_allocated():
+    # num_blocks=2**40 once built a free list of 2**40 entries until the machine ran out of
+    # memory (the fuzz test drew it); now the engine compares the pool with free memory first
+    model = minillm.build_model("tiny", seed=0)
+    for num_blocks in (2**40, 2**70):
+        with pytest.raises(ValueError, match=f"num_blocks={num_blocks}: a KV pool of .* does not fit"):
+            minillm.LLMEngine(model, num_blocks=num_blocks)
+    with pytest.raises(ValueError, match="num_blocks=0"):
+        minillm.LLMEngine(model, num_blocks=0)
+    assert minillm.LLMEngine(model, num_blocks=8).block_manager.num_blocks == 8
