@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import deque
 import torch
 
+from .device import available_ram_bytes
 from .validation import check_int
 
 
@@ -64,10 +65,21 @@ def _check_num_tokens(num_tokens, arg: str = "num_tokens") -> int:
     return check_int(arg, num_tokens, 0)
 
 
+# Host memory per block of bookkeeping: a free-list entry, an int object, a reference count.
+BOOKKEEPING_BYTES_PER_BLOCK = 64
+
+
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int):
         num_blocks = check_int("num_blocks", num_blocks, 1, hint="64, or None for the default")
         block_size = check_int("block_size", block_size, 1, hint="16")
+        # Refuse before counting out the free list, which would otherwise grow
+        # until the machine runs out of memory (the simulator has no pool to check).
+        free_ram = available_ram_bytes()
+        if free_ram is not None and num_blocks * BOOKKEEPING_BYTES_PER_BLOCK > free_ram:
+            raise ValueError(f"num_blocks={num_blocks}: keeping track of that many blocks needs "
+                             f"{num_blocks * BOOKKEEPING_BYTES_PER_BLOCK / 2**30:.3g} GiB of host memory, "
+                             f"{free_ram / 2**30:.1f} GiB are free (try a number of blocks that fits)")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.free_blocks: deque[int] = deque(range(num_blocks))

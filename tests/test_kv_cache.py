@@ -143,3 +143,14 @@ def test_kv_bytes_per_token_of_llama3_8b_in_bf16_is_128_kib():
     cache = PagedKVCache.for_model(ModelConfig.preset("tiny"), 3, 16, torch.bfloat16, "cpu")
     assert cache.num_bytes == 3 * 16 * kv_bytes_per_token(ModelConfig.preset("tiny"), 2)
     assert blocks_that_fit(cfg, 2**30, 16) == 2**30 // (16 * 128 * 1024) == 512
+
+
+def test_a_block_count_whose_bookkeeping_cannot_fit_is_refused_by_name():
+    # the simulator has no KV pool to check against memory, only the free list
+    import minillm
+    from minillm.sim import workloads
+    with pytest.raises(ValueError, match=r"num_blocks=1099511627776: keeping track"):
+        BlockManager(2**40, 16)
+    workload = workloads.long_prompt_interference(prompt_len=64, num_decoders=1)
+    with pytest.raises(ValueError, match=r"num_blocks=1180591620717411303424"):
+        minillm.simulate(workload, num_blocks=2**70)
