@@ -303,8 +303,9 @@ class Scheduler:
         budget = self.config.token_budget
         used = self._schedule_decodes(step, budget) if with_decodes else 0
         prefill_left = self.config.chunk_size
-        if budget is not None and self.config.chunk_sizing == "fixed":
-            prefill_left = min(prefill_left, budget - used)     # (equal_work: _prefill_cap caps the tokens)
+        if budget is not None:
+            # under equal_work this bounds budget units, not tokens: _prefill_cap caps the tokens
+            prefill_left = min(prefill_left, budget - used)
         if self.config.max_num_partial_prefills > 1:
             self._schedule_partial_prefills(step, prefill_left)
             return
@@ -375,7 +376,8 @@ class Scheduler:
             wanted = min(request.num_uncomputed_tokens, budget_left)
         if self.long_prefill_threshold > 0:
             wanted = min(wanted, self.long_prefill_threshold)
-        if self.config.token_budget is not None:
+        if self.config.token_budget is not None and self.config.chunk_sizing == "equal_work":
+            # a planned chunk can hold more tokens than the units it spends (fixed: never)
             wanted = min(wanted, self.config.token_budget - step.num_tokens)
         return max(0, wanted)
 
