@@ -58,6 +58,15 @@ def synchronize(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
+def free_memory_bytes(device) -> int | None:
+    """Memory free on `device` now: the GPU's free memory, or the host's
+    available RAM (None where the OS does not say)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return available_ram_bytes()
+
+
 def available_ram_bytes() -> int | None:
     """MemAvailable from /proc/meminfo; None where the OS does not say (macOS)."""
     try:

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .detokenizer import IncrementalDetokenizer
-from .device import available_ram_bytes, synchronize
-from .kv_cache import BlockManager, blocks_for
+from .device import free_memory_bytes, synchronize
+from .kv_cache import BlockManager, blocks_for, check_pool_fits
 from .model import LlamaModel
 from .model_runner import ModelRunner, StepChunk
 from .prefill import check_prompt
@@ -434,32 +434,16 @@ def default_num_blocks(model, max_num_seqs: int, block_size: int) -> int:
     cfg = model.cfg
     wanted = max_num_seqs * blocks_for(cfg.max_position, block_size)
     bytes_per_block = cfg.kv_bytes_per_token(model.dtype.itemsize) * block_size
+    free_bytes = free_memory_bytes(model.device)
     if model.device.type == "cuda":
-        free_bytes = torch.cuda.mem_get_info(model.device)[0] // 2
+        free_bytes //= 2
     else:
-        free_bytes = min((available_ram_bytes() or 4 * 2**30) // 10, CPU_POOL_CAP_BYTES)
+        free_bytes = min((free_bytes or 4 * 2**30) // 10, CPU_POOL_CAP_BYTES)
     if bytes_per_block > free_bytes:    # not even one block fits: do not round up to one
         raise ValueError(f"block_size={block_size}: one block of {bytes_per_block / 2**20:.0f} MiB exceeds the "
                          f"{free_bytes / 2**20:.0f} MiB the default pool may take (try block_size=16, "
                          "or pass num_blocks)")
     return min(wanted, free_bytes // bytes_per_block)
-
-
-def check_pool_fits(model, num_blocks, block_size: int) -> int:
-    """num_blocks, refused by name when its pool cannot fit in the memory the
-    device has free: before the block manager counts out its free list, so
-    num_blocks=2**40 is an error, not the machine running out of memory."""
-    num_blocks = check_int("num_blocks", num_blocks, 1, hint="64, or None for a default that fits")
-    pool_bytes = num_blocks * model.cfg.kv_bytes_per_token(model.dtype.itemsize) * block_size
-    if model.device.type == "cuda":
-        free_bytes = torch.cuda.mem_get_info(model.device)[0]
-    else:
-        free_bytes = available_ram_bytes()
-    if free_bytes is not None and pool_bytes > free_bytes:
-        raise ValueError(f"num_blocks={num_blocks}: a KV pool of {pool_bytes / 2**30:.3g} GiB does not fit in the "
-                         f"{free_bytes / 2**30:.1f} GiB free on {model.device.type} "
-                         "(try num_blocks=None for a default that fits)")
-    return num_blocks
 
 
 class LLMEngine(EngineCore):
@@ -477,8 +461,9 @@ class LLMEngine(EngineCore):
         block_size = check_int("block_size", block_size, 1, hint="16")
         if num_blocks is None:
             num_blocks = default_num_blocks(model, sched.max_num_seqs, block_size)
-        else:
-            num_blocks = check_pool_fits(model, num_blocks, block_size)
+        else:   # refuse a pool that cannot fit before the block manager counts out its free list
+            num_blocks = check_pool_fits(num_blocks, model.cfg.kv_bytes_per_token(model.dtype.itemsize) * block_size,
+                                         model.device)
         # enable_prefix_caching (vLLM's name): reuse the KV blocks of prefixes
         # already computed, e.g. a system prompt shared by many chats.
         blocks = make_block_manager(num_blocks, block_size, enable_prefix_caching)

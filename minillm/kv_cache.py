@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import deque
 import torch
 
-from .device import available_ram_bytes
+from .device import available_ram_bytes, free_memory_bytes
 from .validation import check_int
 
 
@@ -200,11 +200,26 @@ class BlockManager:
         return sum(1 for b in range(self.num_blocks) if b not in owned and b not in free)
 
 
+def check_pool_fits(num_blocks, bytes_per_block: int, device) -> int:
+    """num_blocks, refused by name when a pool of that many blocks cannot fit
+    in the memory free on `device`: an error, not the machine running out."""
+    num_blocks = check_int("num_blocks", num_blocks, 1, hint="64, or None for a default that fits")
+    pool_bytes = num_blocks * bytes_per_block
+    free_bytes = free_memory_bytes(device)
+    if free_bytes is not None and pool_bytes > free_bytes:
+        raise ValueError(f"num_blocks={num_blocks}: a KV pool of {pool_bytes / 2**30:.3g} GiB does not fit in the "
+                         f"{free_bytes / 2**30:.1f} GiB free on {torch.device(device).type} "
+                         "(try num_blocks=None for a default that fits)")
+    return num_blocks
+
+
 class PagedKVCache:
     """K and V tensors for every layer: [num_layers, 2, num_blocks, block_size, Hkv, D]."""
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, dtype=torch.float32, device="cpu"):
+        check_pool_fits(num_blocks, block_size * 2 * num_layers * num_kv_heads * head_dim
+                        * torch.empty(0, dtype=dtype).element_size(), device)
         self.block_size = block_size
         self.num_blocks = num_blocks
         # Zeros, not empty: attention reads whole blocks and masks the unused

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from .config import ModelConfig
-from .device import available_ram_bytes, resolve_device
+from .device import free_memory_bytes, resolve_device
 from .model import LlamaModel, init_weights
 
 FLOAT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
@@ -131,10 +131,8 @@ def read_safetensors_header(file: Path) -> dict[str, tuple[str, list[int]]]:
 
 
 def _available_memory_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    ram = available_ram_bytes()
-    return 2**63 if ram is None else ram     # unknown: do not refuse
+    free = free_memory_bytes(device)
+    return 2**63 if free is None else free     # unknown: do not refuse
 
 
 def check_fits_in_memory(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, what: str) -> int:

@@ -151,6 +151,9 @@ def test_a_block_count_whose_bookkeeping_cannot_fit_is_refused_by_name():
     from minillm.sim import workloads
     with pytest.raises(ValueError, match=r"num_blocks=1099511627776: keeping track"):
         BlockManager(2**40, 16)
+    # and the pool itself, wherever it is built, before a byte is allocated
+    with pytest.raises(ValueError, match=r"num_blocks=1099511627776: a KV pool of .* does not fit"):
+        PagedKVCache(4, 2**40, 16, 2, 64)
     workload = workloads.long_prompt_interference(prompt_len=64, num_decoders=1)
     with pytest.raises(ValueError, match=r"num_blocks=1180591620717411303424"):
         minillm.simulate(workload, num_blocks=2**70)
