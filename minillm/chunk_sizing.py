@@ -31,13 +31,19 @@ import math
 
 from .validation import check_int
 
-__all__ = ["prefill_work", "chunk_end", "tokens_within", "equal_work_chunks"]
+__all__ = ["causal_pairs", "prefill_work", "chunk_end", "tokens_within", "equal_work_chunks"]
+
+
+def causal_pairs(num_new_tokens: int, num_cached_tokens: int) -> int:
+    """(query, key) pairs of a chunk: each new token sees the cache and the new tokens up to itself."""
+    n, c = num_new_tokens, num_cached_tokens
+    return n * c + n * (n + 1) // 2
 
 
 def prefill_work(start: int, num_tokens: int, break_even: int) -> int:
     """Work of prefilling tokens [start, start + num_tokens), in query-key pairs:
     each token's matmuls count break_even, its attention one per key it sees."""
-    return num_tokens * (break_even + start) + num_tokens * (num_tokens + 1) // 2
+    return num_tokens * break_even + causal_pairs(num_tokens, start)
 
 
 def _tokens_for_work(start: int, work: float, break_even: int) -> int:

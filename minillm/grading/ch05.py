@@ -21,6 +21,7 @@ __all__ = ["check_layer_flops", "check_kv_bytes_per_token", "check_step_traffic"
 
 _ACCOUNTING = ("minillm.sim.accounting.step_cost", "minillm.sim.accounting.prefill_cost",
                "minillm.sim.accounting.prefill_flops", "minillm.sim.accounting.causal_pairs",
+               "minillm.chunk_sizing.causal_pairs", "minillm.chunk_sizing.prefill_work",
                "minillm.sim.accounting.kv_write_bytes", "minillm.sim.cost_model.predict_step",
                "minillm.kv_cache.kv_bytes_per_token", "minillm.config.ModelConfig.kv_bytes_per_token",
                "minillm.grading._reference.ch05.layer_flops", "minillm.grading._reference.ch05.step_traffic",

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..chunk_sizing import causal_pairs        # the core's count, shared with the scheduler
 from ..config import ModelConfig
 from ..validation import check_bool, check_choice, check_int, is_int
 
@@ -128,12 +129,6 @@ def normalize_step(requests) -> list[tuple[int, int, bool]]:
         samples = check_bool(f"requests[{i}] samples", req[2]) if len(req) == 3 else True
         out.append((num_new, num_cached, samples))
     return out
-
-
-def causal_pairs(num_new_tokens: int, num_cached_tokens: int) -> int:
-    """(query, key) pairs of a chunk: each new token sees the cache and the new tokens up to itself."""
-    n, c = num_new_tokens, num_cached_tokens
-    return n * c + n * (n + 1) // 2
 
 
 def kv_write_bytes(cfg, num_tokens: int, dtype_bytes: int = 2) -> int:
