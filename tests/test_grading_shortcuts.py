@@ -335,6 +335,7 @@ CASES = {
     "check_equal_work_chunks": (equal_work, [
         ("engine", lambda *a: minillm.chunk_sizing.equal_work_chunks(*a), "engine's own answer"),
         ("fixed_tokens", lambda p, c, k: [c] * (p // c) + ([p % c] if p % c else []), "equal tokens is the fixed"),
+        ("no_chunking", lambda p, c, k: [p], "as many chunks as"),
         ("too_many_chunks", lambda p, c, k: equal_work(p, c, k) + [0], "as many chunks as"),
         ("last_chunk_dropped", lambda p, c, k: equal_work(p, c, k)[:-1], "the chunks tile the prompt"),
         ("one_chunk_more", lambda p, c, k: equal_work(p, max(1, c - 1), k), "as many chunks as"),

@@ -614,10 +614,23 @@ for sizing, seconds in fastest.items():
 # `python -m minillm bench interference` races both sizings over rounds (the README has
 # its numbers: the slowest of eight steps 11-15% lower on three shapes).
 #
-# Is the FLOP count the right weight on a CPU? Timing one 256-token chunk with nothing cached and one after 1,792 cached tokens gives the break-even length this
-# CPU actually shows (`python -m minillm bench chunk-cost` prints it): 10-16% below the
-# FLOP count on the README's three shapes, as attention runs a little slower per FLOP
-# than the matmuls. `break_even_len=` sets a measured one.
+# Is the FLOP count the right weight on a CPU? Time one 256-token chunk with nothing cached
+# and one after 1,792 cached tokens, and a one-token step for the fixed part: the two chunks
+# then give the break-even length this CPU shows (`bench_break_even`, which `python -m
+# minillm bench chunk-cost` prints for three shapes):
+
+# %% slideshow={"slide_type": "fragment"}
+# NBVAL_IGNORE_OUTPUT
+from minillm.book.bench import bench_break_even
+
+break_even = bench_break_even(model, chunk=256, num_cached=1792)
+print(f"break-even length of '{model.cfg.name}' on this machine: {break_even['measured']:.0f} cached tokens "
+      f"(by the FLOPs: {break_even['flops']})")
+
+# %% [markdown]
+# On the README's machine it came out 10-16% below the FLOP count on three shapes:
+# attention runs a little slower per FLOP than the matmuls there. `break_even_len=` sets a
+# measured one.
 #
 # Real engines: Sarathi-Serve's scheduler has a dynamic chunking schedule
 # (`enable_dynamic_chunking_schedule` in `sarathi/core/scheduler/sarathi_scheduler.py`:
