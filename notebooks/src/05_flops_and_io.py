@@ -276,12 +276,13 @@ plt.show()
 # A decode batch does ~25 FLOPs per byte: an A100 (ridge ~150) runs it at a sixth of its
 # peak at best, waiting on memory. A 512-token chunk is past every GPU ridge. Putting the
 # decodes in the chunk's step adds their tokens almost for free: the weights are read once
-# for all of them. This machine's ridge, fitted to its real steps, is lower (a few dozen
-# FLOPs per byte on the reference 2-core machine: about 100 GFLOP/s against a few GB/s,
-# the fit folding each step's fixed costs into the bandwidth), so here a step turns
-# compute-bound after a few dozen tokens: the reason the CPU chapters see a chunk's time
-# grow with nearly every token, while a decode step costs about what streaming the
-# weights once does.
+# for all of them. This machine's ridge, fitted to its real steps, is far lower (the line
+# printed above; on the reference 2-core machine about 300 GFLOP/s against 17 GB/s, a
+# ridge near 18 FLOPs per byte, the fit folding each step's fixed costs into the
+# bandwidth). A float32 step does about T/2 FLOPs per byte of weights read for its T
+# tokens, so here a step turns compute-bound after a few dozen tokens: the reason the CPU
+# chapters see a chunk's time grow with nearly every token, while a decode step costs
+# about what streaming the weights once does.
 #
 # **Where growing the chunk stops paying.** With 32 decodes in every step, the cost model
 # gives the time of a step as the chunk grows. Per prefill token, the cost falls while
