@@ -242,6 +242,7 @@ assert gpu_prefill_s > 5 * gpu_decode_s
 # | 05 FLOPs and IO | What does a step cost, and what limits it? | the cost model, the roofline |
 # | 06 the scheduler | Who gets the next step? | prefill-first, decode-first and chunked policies |
 # | 07 the lab | Which chunk size should I choose? | a simulator and sliders over TTFT and ITL |
+# | 08 chunked prefill in a server | Does it still hold with prefix caching, many short prompts behind a long one, or prefill on its own GPUs? | cached prefixes, partial prefills, a disaggregation simulator |
 #
 # ## 5. A real model: the stall with words on it
 #

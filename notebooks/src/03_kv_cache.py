@@ -184,12 +184,14 @@ bars = ax.bar(names, kib, color=["C3", "C0", "C0", "C0", "C7"])
 ax.bar_label(bars, [f"{k:.0f}" for k in kib])
 ax.set_ylabel("KV cache per token, bf16 (KiB)")
 ax.set_title(f"GQA cuts Llama-2-7B's {kib[0]:.0f} KiB per token to Llama-3-8B's {kib[1]:.0f} KiB")
+assert (kib[0], kib[1]) == (512, 128)     # so 1 GiB holds 2,048 and 8,192 tokens, quoted below
 plt.show()
 
 # %% [markdown]
 # Llama-2-7B has as many KV heads as query heads (32), so each token costs 4x more than in
-# Llama-3-8B. Either way a few thousand tokens are gigabytes: the cache, not the weights,
-# limits how many requests a server can run at once. So it matters how well that memory
+# Llama-3-8B: 1 GiB holds 2,048 tokens of Llama-2-7B and 8,192 of Llama-3-8B. Either way
+# a server's few dozen requests of a few thousand tokens each fill tens of gigabytes: the
+# cache, not the weights, limits how many requests a server can run at once. So it matters how well that memory
 # is used.
 #
 # ## 3. Contiguous or paged?
@@ -249,12 +251,14 @@ paged_blocks = sum(len(t) for t in demo.block_tables.values())
 print(f"contiguous: {num_tokens} tokens in {len(lengths) * max_len} reserved slots; "
       f"paged: {paged_blocks} blocks = {paged_blocks * block_size} slots")
 assert paged_blocks == sum(blocks_for(n, block_size) for n in lengths.values())
+assert all(b - a > 1 for a, b in zip(demo.block_tables["A"], demo.block_tables["A"][1:]))   # quoted below
 
 # %% [markdown]
 # Contiguous reserves three times the 16 slots; paged hands out only the blocks the tokens
 # fill (printed under the picture): the only waste is the unfilled tail of each request's last block, at most
-# `block_size - 1` tokens per request. Block `A2` sits far from `A0` and `A1`; the block
-# table makes that invisible to the request.
+# `block_size - 1` tokens per request. No two of A's blocks are neighbours (its table
+# reads 0, 3, 6: the requests grew in turns); the block table makes that invisible to the
+# request.
 #
 # ## 4. The engine's block manager
 #

@@ -90,7 +90,7 @@ show_source(EngineCore.step)
 # Three details to notice. A step is a list of `(request, num_new_tokens)`: a decode is a
 # request with one new token, a prefill chunk one with many, and both go through the same
 # `executor.execute` call, one forward pass over the packed tokens. A request is sampled
-# only when the step computes its last missing token (`samples`), so a prompt split into
+# only when the step computes its last missing token (`emits_token`), so a prompt split into
 # chunks gets its first token from its last chunk. And every token is stamped with the
 # step's `end` time: that is all TTFT, TPOT and ITL need.
 #
@@ -461,7 +461,7 @@ assert work_before_first_token("prefill_first") == (1, 1024)
 # %% [markdown]
 # More passes and more tokens: chunking can only make the long prompt's first token
 # later. How much later depends on each pass's fixed cost (chapter 0 measures it on this
-# CPU: about the work of a few hundred tokens) and on how much less efficient a small
+# CPU: about the work of a few dozen tokens) and on how much less efficient a small
 # pass is; small chunks pay the most passes. On a shared machine the difference can drown in the noise of one run (the
 # single-run TTFTs of section 4 can come out either way). So we measure it properly: the long
 # prompt's TTFT alone, four streams decoding, each policy three times, interleaved, and
@@ -515,7 +515,8 @@ assert best_ttft["chunked C=64"] > 0.8 * best_ttft["prefill_first"]
 # %% [markdown]
 # What chunking *does* lower is the TTFT of requests that would otherwise queue: compared
 # with `decode_first` (the newcomer waits for every stream), the long prompt's TTFT is
-# much shorter under every chunk size (the table of section 4), and under a stream of
+# shorter under every chunk size of the table in section 4 (on the machine that ran it,
+# by 10-20% at C=64, which pays for many passes, and by over 40% at C=512), and under a stream of
 # arrivals short prompts no longer wait behind a long
 # prefill. That is continuous batching plus a bounded step, not a faster prefill.
 #
@@ -581,7 +582,8 @@ assert [n for n, _, _ in equal_steps] == planned and len(planned) == 1024 // 128
 
 # %% [markdown]
 # Here the last fixed chunk does only 30% more work than the first, and boundaries on
-# 16-token blocks leave the equal-work chunks within 8% of each other, so the timed steps
+# 16-token blocks leave the equal-work chunks within 11% of each other (0.97-1.08 of the
+# first chunk's work, printed above), so the timed steps
 # would differ by less than a shared CPU's noise. Double the prompt (2048 tokens in chunks
 # of 256, the README's race, where the last fixed chunk does 58% more work than the first),
 # race the two sizings three times, interleaved, and keep each chunk step's fastest time
@@ -612,7 +614,7 @@ for sizing, seconds in fastest.items():
 # toward the average while the total stays about the same. The gain grows with the prompt
 # against the break-even length. One sitting on a shared CPU is still one sample:
 # `python -m minillm bench interference` races both sizings over rounds (the README has
-# its numbers: the slowest of eight steps 11-15% lower on three shapes).
+# its numbers: the slowest of eight steps 11-17% lower on three shapes).
 #
 # Is the FLOP count the right weight on a CPU? Time one 256-token chunk with nothing cached
 # and one after 1,792 cached tokens, and a one-token step for the fixed part: the two chunks
@@ -827,8 +829,8 @@ assert steps["max 2 at a time"] - steps["roomy"] > steps["tight"] - steps["max 2
 #
 # Defaults move between releases; read them off the version you run
 # (`vllm serve --help`, `python -m sglang.launch_server --help`). Why thousands, when
-# chapter 5's cost model shows that past a few hundred tokens a bigger chunk barely makes
-# a prefill token cheaper on an A100 or H100? Because the default is a throughput choice:
+# chapter 5's cost model shows that past a few dozen tokens a bigger chunk makes no prefill
+# token cheaper on an A100 or H100? Because the default is a throughput choice:
 # fewer, larger steps pay the fixed per-step overhead (scheduling, kernel launches, host
 # work) less often and give a long prompt fewer passes, at the price of a longer worst
 # inter-token gap for the streams. Chapter 7 lets you move along that trade-off.
@@ -838,8 +840,8 @@ assert steps["max 2 at a time"] - steps["roomy"] > steps["tight"] - steps["max 2
 #
 # Everything above ran the tiny model on random prompts. The same engine serves a
 # trained model, SmolLM2-135M-Instruct (chapter 2 loads it), with its tokenizer, so each
-# output carries its decoded `text`. Four users ask short questions; once each has 4
-# tokens, a fifth pastes a 384-token document. The same requests under each policy:
+# output carries its decoded `text`. Four users write in (three short questions, one
+# passage to sum up); once each has 4 tokens, a fifth pastes a 384-token document. The same requests under each policy:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
