@@ -152,6 +152,28 @@ def test_is_calibrated_says_whether_calibrate_would_measure(tmp_path, monkeypatc
     assert hardware.calibrate(device="cpu", cache_path=path) == hw
 
 
+def test_a_fit_of_another_kernel_build_is_not_reused(tmp_path, monkeypatch):
+    # Decodes cost what the paged kernel costs: a profile fitted before the kernel
+    # got faster would simulate this machine's decodes too slow.
+    from pathlib import Path
+
+    from minillm import kernels
+    if not kernels.paged_decode_available():
+        pytest.skip("the paged kernel is not built: decodes gather, and the fit says so")
+    path = tmp_path / "hw.json"
+    shapes = [(0, 1, 8), (0, 3, 8), (8, 1, 8), (16, 2, 0), (32, 1, 16), (4, 4, 4), (0, 2, 64)]
+    hardware.calibrate(device="cpu", repeats=1, progress=False, cache_path=path, force=True, shapes=shapes)
+
+    def cached():
+        return hardware._cached_calibration(*hardware._calibration_key("cpu", None, shapes, "median", path)[3:])
+
+    assert cached() is not None
+    hardware._CALIBRATED.clear()                    # the file, not this process, decides
+    assert cached() is not None
+    monkeypatch.setattr(kernels, "library_path", lambda: Path("minillm_paged_decode_another.so"))
+    assert cached() is None
+
+
 def test_attention_never_comes_out_cheaper_than_the_gemms():
     # Were attention's FLOPs or K/V bytes cheaper than the GEMMs' and weights', the
     # profile's peak would be attention's rate (efficiencies are fractions of the faster

@@ -167,9 +167,11 @@ def _calibration_key(device, dtype, shapes, statistic, cache_path):
     dtype_name = str(dtype).removeprefix("torch.")
     from .. import attention
     # A decode costs what its kernel costs: a fit made while decodes gathered
-    # their cache does not describe the paged kernel, and the other way round.
-    decodes = "paged kernel" if attention.uses_paged_decode_kernel(torch.empty(0, dtype=dtype, device=dev)) \
-        else "gather"
+    # their cache does not describe the paged kernel, and the other way round;
+    # nor does a fit of another build of the kernel (named after its source).
+    from .. import kernels
+    decodes = f"paged kernel {kernels.library_path().stem}" \
+        if attention.uses_paged_decode_kernel(torch.empty(0, dtype=dtype, device=dev)) else "gather"
     from .. import host_memory
     key = (str(dev), dtype_name, torch.__version__, "tiny", repr(shapes), f"{len(FACTORS)} factors", statistic,
            f"decodes: {decodes}", f"freed host memory kept: {host_memory.keep_freed_memory()}")
