@@ -7,6 +7,7 @@ import pytest
 from minillm import prefix_cache
 from minillm.grading import ch08
 from minillm.prefix_cache import ROOT_HASH, hash_block
+from minillm.sim.disaggregation import highest_rate_meeting
 
 SOLUTION = Path(__file__).resolve().parents[1] / "exercises" / "solutions" / "src" / "08_chunked_prefill_in_a_server.py"
 
@@ -46,6 +47,8 @@ def fcfs_without_cap(lens, chunk_size, threshold):
     (ch08.check_tokens_to_compute, lambda p, c, bs: p - min(c * bs, prefix_cache.max_cached_tokens(p, bs))),
     (ch08.check_plan_prefill_step, fcfs_without_cap),
     (ch08.check_goodput_rate, lambda d, t: max([r for r, a in d.items() if a >= t], default=0.0)),
+    (ch08.check_plan_prefill_step, lambda p, c, t: ch08.engine_plan_prefill_step(p, c, t)),  # the scheduler
+    (ch08.check_goodput_rate, lambda d, t: highest_rate_meeting(d, t)),                   # the module's
 ])
 def test_shortcuts_fail(checker, shortcut):
     with pytest.raises(AssertionError):

@@ -15,6 +15,7 @@ from ..kv_cache import BlockManager
 from ..request import Request, SamplingParams
 from ..scheduler import Scheduler, SchedulerConfig
 from ..sim.disaggregation import highest_rate_meeting
+from ._common import learner_call
 
 __all__ = ["check_chain_hashes", "check_tokens_to_compute", "check_plan_prefill_step", "check_goodput_rate"]
 
@@ -123,7 +124,9 @@ def check_plan_prefill_step(plan_prefill_step, num_cases: int = 300, seed: int |
         chunk_size = rng.choice([64, 128, 512])
         threshold = rng.choice([0, rng.randint(1, chunk_size), rng.randint(chunk_size, 2 * chunk_size)])
         expected = engine_plan_prefill_step(prompt_lens, chunk_size, threshold)
-        got = plan_prefill_step(list(prompt_lens), chunk_size, threshold)
+        got = learner_call(plan_prefill_step, list(prompt_lens), chunk_size, threshold,
+                           forbidden=("minillm.scheduler.Scheduler.schedule",),
+                           why="plan the step yourself from the rule.")
         if list(got) != expected:
             _fail(f"prompts {prompt_lens}, chunk_size {chunk_size}, long_prefill_token_threshold {threshold}: "
                   f"you planned {list(got)}, the scheduler plans {expected} (first come first served, no prompt "
@@ -143,7 +146,9 @@ def check_goodput_rate(goodput, num_cases: int = 300, seed: int | None = None):
         target = rng.choice([0.9, 0.95, 0.5])
         shuffled = dict(rng.sample(list(attainment.items()), len(attainment)))
         expected = highest_rate_meeting(attainment, target)
-        got = goodput(shuffled, target)
+        got = learner_call(goodput, shuffled, target,
+                           forbidden=("minillm.sim.disaggregation.highest_rate_meeting",),
+                           why="scan the rates yourself.")
         if got != expected:
             _fail(f"attainment by rate {attainment}, target {target}: you said {got}, expected {expected} "
                   "(scan rates upward, stop at the first that misses the target; 0.0 if the lowest misses)")
