@@ -5,8 +5,8 @@ large request (above a threshold that starts at 128 KiB and moves) with a
 fresh mmap and unmaps it when the tensor is freed, so the next step's buffer
 of the same size faults every 4 KiB page back in, zeroed by the kernel. A
 2048-token prefill allocates tens of MB of activations per layer: on a 2-core
-CPU it took 11,000-37,000 page faults, up to a quarter of its time (README,
-section 1b). Small steps (chunks, decodes) reuse what they freed and never pay.
+CPU it took 11,000-37,000 page faults, up to a quarter of its time
+(docs/chunk-cost.md). Small steps (chunks, decodes) reuse what they freed and never pay.
 
 Raising the threshold to glibc's maximum and not trimming the heap lets
 freed buffers be reused. vLLM's CPU backend gets the same effect by loading

@@ -412,7 +412,7 @@ class Scheduler:
 
     def _boundary_align(self) -> int:
         """Equal-work boundaries fall on KV blocks where a chunk holds at least
-        8 of them (at C=256 that ran 3-4% faster in all, README); rounding moves
+        8 of them (at C=256 that ran 3-4% faster in all, docs/chunk-cost.md); rounding moves
         a boundary by up to half a block, which for a chunk of a few blocks would
         undo the equalising (at C=64 the aligned steps were the lumpier)."""
         block = self.block_manager.block_size

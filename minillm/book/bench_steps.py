@@ -1,6 +1,6 @@
 """`bench steps`: what single engine steps cost, with freed host memory kept or not.
 
-The steps are the ones the README's before/after tables use: decode-only,
+The steps are the ones the before/after tables of docs/chunk-cost.md use: decode-only,
 prefill-only, and a chunk with decodes riding along (`prepare_step`). The
 allocator setting (host_memory.py) is process-wide, so each side runs in
 processes of its own, alternating (and alternating which goes first); each

@@ -389,7 +389,7 @@ print("decodes on this machine:", "the paged kernel" if uses_paged_decode_kernel
 # nothing is copied. The passes take 16 tokens (or one block) at a time; the helpers
 # they call, higher up in the file, hold that group's running sums in registers, which
 # took the kernel from 17-23 to 24-48 GB/s of cache read on the reference machine
-# (README, section 1b):
+# (`docs/chunk-cost.md`):
 
 # %% slideshow={"slide_type": "subslide"}
 source = kernels.SOURCE.read_text()

@@ -214,8 +214,8 @@ for name, ratio in pace["chunked_over_whole"].items():
 # than its 1024-row ones and its 64-row calls 33-40% more (two other shapes of the bench:
 # 16-19% and 46-58%). That pace, with each step's fixed cost, is what a
 # chunked prefill costs beyond a whole one there: `python -m minillm bench chunk-cost`
-# measures both, adds them up and compares with the chunk steps it times (README,
-# section 1b). On a GPU the same effect shows as tiles and SMs left idle by small
+# measures both, adds them up and compares with the chunk steps it times
+# (`docs/chunk-cost.md`). On a GPU the same effect shows as tiles and SMs left idle by small
 # matmuls, which the cost model below counts.
 #
 # ## 4. Arithmetic intensity and the roofline

@@ -613,8 +613,8 @@ for sizing, seconds in fastest.items():
 # the equal-work ones stay level, so the slowest step, the streams' worst gap, moves
 # toward the average while the total stays about the same. The gain grows with the prompt
 # against the break-even length. One sitting on a shared CPU is still one sample:
-# `python -m minillm bench interference` races both sizings over rounds (the README has
-# its numbers: the slowest of eight steps 11-17% lower on three shapes).
+# `python -m minillm bench interference` races both sizings over rounds (`docs/chunk-cost.md`
+# has its runs: the slowest of eight steps 11-17% lower on three shapes).
 #
 # Is the FLOP count the right weight on a CPU? Time one 256-token chunk with nothing cached
 # and one after 1,792 cached tokens, and a one-token step for the fixed part: the two chunks
@@ -630,7 +630,8 @@ print(f"break-even length of '{model.cfg.name}' on this machine: {break_even['me
       f"(by the FLOPs: {break_even['flops']})")
 
 # %% [markdown]
-# On the README's machine it came out 10-16% below the FLOP count on three shapes:
+# On the reference machine it came out 10-16% below the FLOP count on three shapes
+# (`docs/chunk-cost.md`):
 # attention runs a little slower per FLOP than the matmuls there. `break_even_len=` sets a
 # measured one.
 #
