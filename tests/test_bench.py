@@ -75,6 +75,9 @@ def test_hf_race_rounds_report_the_median_speedup_within_its_range_and_identical
     low, high = r["speedup_spread"]
     assert r["rounds"] == 2 and 0 < low <= r["speedup"] <= high
     assert r["identical_requests"] == 3 and r["first_mismatch"] is None
+    k = r["minillm_steps"]                      # the last round's steps, by kind
+    assert k["prefill_steps"] >= 1 and k["decode_steps"] >= 1 and k["prompt_tokens"] >= 3 * 32
+    assert 0.5 * k["wall_s"] < k["prefill_s"] + k["decode_s"] <= k["wall_s"]     # steps are most of the run
 
 
 def test_bench_steps_times_each_step_on_both_sides_of_the_allocator_setting():

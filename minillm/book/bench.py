@@ -464,10 +464,12 @@ def bench_hf(num_requests: int = 32, device=None, seed: int = 0, shape: str = "t
         gc.collect()
         hf_tokens, hf_s = hf_generate(hf, prompts, output_lens)
         gc.collect()          # each side starts with nothing left for the collector
+        first_step = len(engine.trace)
         t0 = time.perf_counter()
         outs = engine.generate(prompts, params)
         hf_times.append(hf_s)
         our_times.append(time.perf_counter() - t0)
+        steps = engine.trace[first_step:]        # where this round's time went, by kind of step
     speedups = [h / o for h, o in zip(hf_times, our_times)]
     hf_s, ours_s = statistics.median(hf_times), statistics.median(our_times)
     useful = sum(output_lens)
@@ -478,7 +480,18 @@ def bench_hf(num_requests: int = 32, device=None, seed: int = 0, shape: str = "t
         "minillm_tok_s": useful / ours_s, "hf_tok_s": useful / hf_s,
         "speedup": statistics.median(speedups), "speedup_spread": (min(speedups), max(speedups)),
         "identical_requests": sum(same), "first_mismatch": _first_mismatch(model, prompts, outs, hf_tokens),
+        "minillm_steps": _time_by_step_kind(steps, our_times[-1]),
     }
+
+
+def _time_by_step_kind(steps, wall_s: float) -> dict:
+    """Seconds in steps that carry prompt tokens (prefill, decodes riding along) and in
+    decode-only steps, from an engine's trace of a run that took wall_s."""
+    prefill = [r for r in steps if r.num_prefill_tokens > 0]
+    decode = [r for r in steps if r.num_prefill_tokens == 0]
+    return {"prefill_steps": len(prefill), "prefill_s": sum(r.end - r.start for r in prefill),
+            "prompt_tokens": sum(r.num_prefill_tokens for r in prefill),
+            "decode_steps": len(decode), "decode_s": sum(r.end - r.start for r in decode), "wall_s": wall_s}
 
 
 def bench_hf_real(num_requests: int = 32, device=None, dtype=torch.float32, max_tokens=(16, 96)) -> dict:
@@ -734,6 +747,9 @@ def _run_shape(args, shape: str, out: Path) -> dict:
               + (f" (rounds {low:.2f}-{high:.2f})" if r["rounds"] > 1 else "") + "; "
               f"identical greedy outputs for {r['identical_requests']}/{r['num_requests']} requests"
               + (f"; first difference {r['first_mismatch']}" if r["first_mismatch"] else ""))
+        k = r["minillm_steps"]
+        print(f"minillm's last round: {k['prefill_steps']} steps with prompt tokens {k['prefill_s']:.2f} s "
+              f"({k['prompt_tokens']} tokens), {k['decode_steps']} decode-only steps {k['decode_s']:.2f} s")
     return results
 
 
