@@ -96,6 +96,9 @@ def test_bench_steps_times_each_step_on_both_sides_of_the_allocator_setting():
 def test_bench_model_offers_the_real_model_by_name_and_names_it_when_refusing():
     model = bench.bench_model("smollm2")
     assert model.cfg.num_layers == 30 and model.dtype == torch.float32
+    # the headline names it from the GGUF's header, without loading the weights a second time
+    assert bench._describe("smollm2") == (f"hidden {model.cfg.hidden_size}, {model.cfg.num_heads} query heads / "
+                                          f"{model.cfg.num_kv_heads} KV heads, head_dim {model.cfg.head_dim}, 30 layers")
     with pytest.raises(ValueError, match=r"shape='nope'.*smollm2"):
         bench.bench_model("nope")
 

@@ -754,8 +754,11 @@ def _run_shape(args, shape: str, out: Path) -> dict:
 
 
 def _describe(shape: str) -> str:
-    if shape == REAL_MODEL:
-        cfg = bench_model(shape).cfg                    # loads from minillm's cache in ~1 s
+    if shape == REAL_MODEL:                             # the GGUF's header only, not its weights
+        from ..gguf_loader import gguf_config, read_gguf
+        from ..pretrained_models import gguf_path
+        path = gguf_path("smollm2-135m-instruct")
+        cfg = gguf_config(read_gguf(path), path)
     else:
         cfg = dataclasses.replace(ModelConfig.preset("tiny"), **BENCH_SHAPES[shape])
     return (f"hidden {cfg.hidden_size}, {cfg.num_heads} query heads / {cfg.num_kv_heads} KV heads, "
