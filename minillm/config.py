@@ -89,9 +89,13 @@ class ModelConfig:
         matmul FLOPs, per layer: the matmuls do 2 FLOPs per weight, attention
         4 per query head dimension and key (Q.K and P.V). Past it, attention
         is most of a token's work (chunk_sizing weighs chunks with it)."""
+        return round(2 * self.matmul_weights_per_layer / (4 * self.q_size))
+
+    @property
+    def matmul_weights_per_layer(self) -> int:
+        """The weights one token multiplies in a layer: q, k, v, o and the three MLP matrices."""
         d = self.hidden_size
-        weights = d * (self.q_size + 2 * self.kv_size) + self.q_size * d + 3 * d * self.intermediate_size
-        return round(2 * weights / (4 * self.q_size))
+        return d * self.q_size + 2 * d * self.kv_size + self.q_size * d + 3 * d * self.intermediate_size
 
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         """K and V, every layer, every KV head: 2 x layers x kv_heads x head_dim x bytes."""
@@ -99,13 +103,11 @@ class ModelConfig:
 
     def num_parameters(self) -> int:
         d, h = self.hidden_size, self.head_dim
-        attn = d * self.q_size + 2 * d * self.kv_size + self.q_size * d
+        per_layer = self.matmul_weights_per_layer + 2 * d                   # + the two norms
         if self.attention_bias:
-            attn += self.q_size + 2 * self.kv_size
+            per_layer += self.q_size + 2 * self.kv_size
         if self.qk_norm:
-            attn += 2 * h
-        mlp = 3 * d * self.intermediate_size
-        per_layer = attn + mlp + 2 * d
+            per_layer += 2 * h
         embed = self.vocab_size * d
         head = 0 if self.tie_word_embeddings else self.vocab_size * d
         return self.num_layers * per_layer + embed + head + d

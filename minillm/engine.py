@@ -100,6 +100,11 @@ class EngineCore:
                        hint="SchedulerConfig(policy='chunked')")
         check_instance("block_manager", block_manager, BlockManager, "a BlockManager",
                        hint="BlockManager(num_blocks=64, block_size=16)")
+        # Chunks of equal work weigh a token by the model's shape: an executor
+        # that runs a model (real or simulated) carries its config.
+        model_cfg = getattr(executor, "cfg", None)
+        if model_cfg is not None:
+            config = config.for_model(model_cfg)
         self.config = config
         self.block_manager = block_manager
         self.scheduler = Scheduler(config, block_manager, max_model_len=max_model_len)
@@ -394,6 +399,7 @@ class ModelExecutor:
 
     def __init__(self, model, block_manager: BlockManager, backend: str | None = None):
         self.runner = ModelRunner(model, block_manager, backend=backend)
+        self.cfg = model.cfg
         self.device = model.device
         self._generators: dict[int, torch.Generator | None] = {}
 
@@ -457,7 +463,6 @@ class LLMEngine(EngineCore):
                        hint="minillm.build_model('tiny') or minillm.load_hf_model(path)")
         sched = sched if sched is not None else SchedulerConfig()
         check_instance("sched", sched, SchedulerConfig, "a SchedulerConfig", hint="SchedulerConfig(policy='chunked')")
-        sched = sched.for_model(model.cfg)
         block_size = check_int("block_size", block_size, 1, hint="16")
         if num_blocks is None:
             num_blocks = default_num_blocks(model, sched.max_num_seqs, block_size)

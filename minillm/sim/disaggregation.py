@@ -139,7 +139,6 @@ def simulate_disaggregated(workload: Workload, num_prefill: int, num_decode: int
 def _serve_decodes(workload, arrivals, sched, cfg, hw, dtype_bytes) -> dict[int, list[float]]:
     """One decode replica: each request joins when its KV has arrived, as a
     prompt of prompt_len + 1 tokens with its first prompt_len already cached."""
-    sched = sched.for_model(cfg)
     core = EngineCore(sched, make_block_manager(default_sim_num_blocks(cfg, hw, sched, 16, dtype_bytes), 16),
                       CostModelExecutor(cfg, hw, dtype_bytes), VirtualClock(),
                       eos_token_ids=(), max_model_len=cfg.max_position)

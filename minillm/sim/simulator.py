@@ -157,7 +157,6 @@ def simulate(workload: Workload, sched: SchedulerConfig | None = None, model="ll
     if not isinstance(sched, SchedulerConfig):
         raise ValueError(f"sched={sched!r}: give a SchedulerConfig")
     cfg = resolve_model(model)
-    sched = sched.for_model(cfg)
     hw = resolve_hardware(hardware)
     block_size = check_int("block_size", block_size, 1, hint="16")
     dtype_bytes = dtype_bytes_on(hw, dtype_bytes)
