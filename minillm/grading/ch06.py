@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import random
 
+from ..chunk_sizing import prefill_work      # bound here: forbidding it in the module leaves this name
 from ..request import RequestMetrics
 from ._common import fail as _fail, learner_call, passed
 from ._reference import ch06 as _ref
@@ -186,10 +187,6 @@ def check_num_prefill_steps(fn, seed: int | None = None):
 # ---------------------------------------------------------------------------
 # 4. Chunks of equal work
 # ---------------------------------------------------------------------------
-def _work(start: int, n: int, break_even: int) -> int:
-    return n * (break_even + start) + n * (n + 1) // 2
-
-
 def check_equal_work_chunks(fn, seed: int | None = None):
     """fn(prompt_len, chunk_size, break_even) -> the chunk sizes of equal work."""
     rng = random.Random(seed)
@@ -215,7 +212,7 @@ def check_equal_work_chunks(fn, seed: int | None = None):
         if len(set(got_list[:-1])) == 1 and len(set(expected)) > 1:
             _fail(f"{shown}: your chunks are {got_list[:3]}...: equal tokens is the fixed sizing; weigh each "
                   "token by its work, break_even + (its position + 1)")
-        total = _work(0, prompt_len, break_even)
+        total = prefill_work(0, prompt_len, break_even)
         ends = [sum(got_list[:i + 1]) for i in range(len(got_list))]
         k = next(i for i, (a, b) in enumerate(zip(ends, [sum(expected[:i + 1]) for i in range(len(expected))]))
                  if a != b)
