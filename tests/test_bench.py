@@ -10,7 +10,7 @@ def test_chunk_cost_times_the_engine_path_and_predicts_from_the_step_floor():
     r = bench.bench_chunk_cost("gqa2", prompt_len=128, chunk_sizes=(64, 32), num_decodes=2, repeats=1)
     assert set(r["chunks_over_whole"]) == {"C=64", "C=32", "C=64 + 2 decodes"}
     assert all(ratio > 0 for ratio in r["chunks_over_whole"].values())
-    assert r["step_floor_s"] > 0 and r["whole_prefill_s"] > 0
+    assert r["step_floor_s"] > 0 and r["whole_prefill_s"] > 0 and r["hf_step_floor_s"] > 0
     # More steps, more fixed costs: the prediction grows as the chunk shrinks.
     assert 1 < r["predicted"]["C=64"] < r["predicted"]["C=32"]
     # The matmul part: the whole prompt's matmul time, and the chunks' pace against it,

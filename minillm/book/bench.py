@@ -106,6 +106,9 @@ def bench_chunk_cost(shape: str = "tiny", prompt_len: int = 2048, chunk_sizes=(2
     the ratio it implies: 1 + (steps - 1) * floor / whole.
     With decodes: num_decodes requests with prompt_len cached tokens ride
     along every chunk (prepare_step, seeded random cache).
+    `hf_step_floor_s` is transformers' own one-token forward of the same
+    weights, timed beside it: the fixed price is eager PyTorch's (operators
+    launched one by one from Python, every weight read), not minillm's.
     """
     from ..prefill import prepare_step
 
@@ -114,6 +117,7 @@ def bench_chunk_cost(shape: str = "tiny", prompt_len: int = 2048, chunk_sizes=(2
                            generator=torch.Generator().manual_seed(0)).tolist()
     runner = _runner(model, prompt_len)
     floor_step = prepare_step(model, [(1, 0)])
+    hf_floor_step = _hf_one_token_forward(model)
     c = chunk_sizes[0]
     riders = [(1, prompt_len)] * num_decodes
     with_decodes = [prepare_step(model, [(c, s)] + riders) for s in range(0, prompt_len, c)]
@@ -123,7 +127,7 @@ def bench_chunk_cost(shape: str = "tiny", prompt_len: int = 2048, chunk_sizes=(2
     [step() for step in with_decodes]
     ratios = {name: [] for name in cases}
     ratios[f"C={c} + {num_decodes} decodes"] = []
-    whole_s, floor_s = [], []
+    whole_s, floor_s, hf_floor_s = [], [], []
     for _ in range(repeats):
         whole_s.append(_prefill_seconds(runner, tokens, prompt_len))
         for name, size in cases.items():
@@ -131,10 +135,11 @@ def bench_chunk_cost(shape: str = "tiny", prompt_len: int = 2048, chunk_sizes=(2
         ratios[f"C={c} + {num_decodes} decodes"].append(sum(_seconds(step) for step in with_decodes)
                                                          / whole_s[-1])
         floor_s.append(statistics.median(_seconds(floor_step) for _ in range(5)))
+        hf_floor_s.append(statistics.median(_seconds(hf_floor_step) for _ in range(5)))
     whole, floor = statistics.median(whole_s), statistics.median(floor_s)
     matmuls = bench_matmul_rows(model, prompt_len, chunk_sizes)
     return {"shape": shape, "device": str(model.device), "prompt_len": prompt_len,
-            "whole_prefill_s": whole, "step_floor_s": floor,
+            "whole_prefill_s": whole, "step_floor_s": floor, "hf_step_floor_s": statistics.median(hf_floor_s),
             "chunks_over_whole": {name: statistics.median(r) for name, r in ratios.items()},
             "predicted": {f"C={size}": 1 + (-(-prompt_len // size) - 1) * floor / whole
                           for size in chunk_sizes},
@@ -147,6 +152,18 @@ def bench_chunk_cost(shape: str = "tiny", prompt_len: int = 2048, chunk_sizes=(2
             "spread": {name: (min(r), max(r)) for name, r in ratios.items()},
             "prefix_read": bench_prefix_read(model, prompt_len - chunk_sizes[0]),
             "break_even": bench_break_even(model, c, prompt_len - c)}
+
+
+def _hf_one_token_forward(model):
+    """transformers' forward of one token through the same weights, no cache."""
+    hf = to_hf_model(model)
+    token = torch.tensor([[0]], device=model.device)
+
+    def forward():
+        with torch.inference_mode():
+            hf(token, use_cache=False)
+    forward()                                                           # warm-up
+    return forward
 
 
 def _runner(model, num_tokens: int, block_size: int = 16):
@@ -689,7 +706,8 @@ def _run_shape(args, shape: str, out: Path) -> dict:
                          f"x{r['predicted_with_matmuls'][name]:.3f}") if name in r["predicted"] else ""
             print(f"  {name:>18}: x{ratio:.3f} the whole prefill (runs {low:.3f}-{high:.3f}){predicted}")
         print(f"  one step's fixed cost (a one-token step: every weight read, every operator launched): "
-              f"{r['step_floor_s'] * 1e3:.2f} ms")
+              f"{r['step_floor_s'] * 1e3:.2f} ms; transformers' one-token forward of the same weights: "
+              f"{r['hf_step_floor_s'] * 1e3:.2f} ms")
         m = r["matmuls"]
         print(f"  the model's matmuls alone ({m['whole_s'] * 1e3:.0f} ms for the whole prompt), the same rows "
               f"in chunks: " + ", ".join(f"{name} x{ratio:.2f}" for name, ratio in m["chunked_over_whole"].items()))
