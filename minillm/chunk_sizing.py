@@ -21,9 +21,10 @@ the average chunk costs: early chunks longer than chunk_size, late ones
 shorter. Sarathi-Serve's scheduler has a schedule like it
 (`enable_dynamic_chunking_schedule` in sarathi/core/scheduler/
 sarathi_scheduler.py: chunk sizes stepping down as the prompt's processed
-tokens grow), and SGLang's `--enable-dynamic-chunking` (pipeline
-parallelism; off by default) sizes chunks by a function fitted to keep their
-execution times equal (python/sglang/srt/server_args.py).
+tokens grow; experimental, off by default), and SGLang's
+`--enable-dynamic-chunking` (pipeline parallelism; off by default) sizes
+chunks by a function fitted to keep their execution times equal
+(python/sglang/srt/arg_groups/fields/schedule.py; server_args.py before 0.5.20).
 """
 from __future__ import annotations
 

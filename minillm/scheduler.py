@@ -26,12 +26,14 @@ Policies:
                  (get_next_batch_to_run in python/sglang/srt/managers/
                  scheduler.py: "Run prefill first if possible"; mixing a chunk
                  with the decodes needs --enable-mixed-chunk, False by default
-                 in python/sglang/srt/server_args.py). Chunking without mixing
+                 in python/sglang/srt/arg_groups/fields/schedule.py). Chunking without mixing
                  caps each step, yet every decode still waits for the whole
                  prompt: the stall is cut into pieces, not cured.
 
 Short prompts stuck behind a long one (vllm-project/vllm#21495): under
-"chunked", three knobs with vLLM's names and meanings (vllm/config/scheduler.py):
+"chunked", three knobs with vLLM's names and meanings (vllm/config/scheduler.py;
+V1 runs only the threshold and refuses the partial-prefill pair at startup,
+so those two follow V0's scheduler):
   long_prefill_token_threshold  a prompt with more uncomputed tokens than
                  this is "long"; no request gets more than this many tokens
                  in one step (vLLM V1's cap in vllm/v1/core/sched/scheduler.py),

@@ -2,7 +2,7 @@
 
 The chapters and `bench hf-real` serve these to SmolLM2-135M-Instruct. The
 questions are short or padded with a passage to read, so prompt lengths mix
-(34 to 605 tokens with the chat template); the long document is this
+(34 to 649 tokens with the chat template); the long document is this
 book's own README (about 4800 tokens).
 """
 from __future__ import annotations
@@ -36,8 +36,9 @@ PASSAGES = [
     "Chunked prefill splits a long prompt into pieces and runs each piece together with the "
     "decode steps of the other requests, so that nobody waits for one huge prompt to finish. "
     "It trades a little time to the first token of the long request for smooth streams for "
-    "everyone else. The idea comes from the SARATHI and Sarathi-Serve papers, and serving "
-    "engines such as vLLM and SGLang use it by default.",
+    "everyone else. The idea comes from the SARATHI and Sarathi-Serve papers. vLLM uses it by "
+    "default; SGLang splits long prompts by default but mixes the pieces with decode steps "
+    "only when asked to.",
 ]
 
 

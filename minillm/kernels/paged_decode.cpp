@@ -10,9 +10,11 @@
 // Requests run in parallel; each keeps its [Hq, L] scores (a few hundred KB).
 // Pass 1 takes 16 tokens at a time; on AVX-512 their float dot products are
 // summed together (sum_each), elsewhere the compiler vectorises each one.
-// vLLM's CPU backend has a kernel of the same shape (csrc/cpu/attention.cpp,
+// vLLM's CPU backend had a kernel of the same shape (csrc/cpu/attention.cpp,
 // paged_attention_v1_impl: scores block by block through the table, a
-// softmax, the weighted values), vectorised by hand over its own cache layout.
+// softmax, the weighted values), vectorised by hand over its own cache layout;
+// since its PR #27954 one kernel, csrc/cpu/cpu_attn.cpp, serves decodes and
+// chunked prefills alike through the block table.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>

@@ -6,7 +6,7 @@ sustains while the P99 time between tokens (our ITL) stays under an SLO and
 the queue does not blow up ("a limit of 2 seconds on median scheduling
 delay"). Its artifact finds it by binary search over the rate, each trial a
 Poisson trace of 2048 requests (microsoft/sarathi-serve,
-osdi-experiments/figure-5-6/README.md and *.yml;
+osdi-experiments/figure-5-6/README.md and *.yml, branch osdi-sarathi-serve;
 sarathi/benchmark/capacity_search/capacity_search.py).
 
 We search the rate on the simulator the same way, smaller: each probe serves
@@ -246,8 +246,9 @@ SARATHI_DECODE_BATCH, SARATHI_DECODE_CONTEXT = 32, 4096
 SARATHI_SCHED_DELAY_P50_MS = 2000.0
 # The paper's headline for Mistral-7B on one A100: "2.6x higher serving capacity ...
 # as compared to vLLM" (abstract; "up to 2.6x" in section 1). The text names no SLO
-# or dataset; the bars are in Figure 10. Section 5.1 puts the largest gains under the
-# strict SLO (3.7x over vLLM and 4.0x over Orca, Yi-34B), so we show it on that row.
+# or dataset; the bars are in Figure 10. Section 5.1 reports larger gains under the
+# strict SLO (3.7x over vLLM and 4.0x over Orca for Yi-34B; up to 4.3x and 6.3x for
+# LLaMA2-70B with pipeline parallelism), so we show it on that row.
 SARATHI_MISTRAL_HEADLINE = 2.6
 # The headline's rate grid: RATE_GRID's points from 0.25 to 16 req/s (a 7B model on one
 # A100 saturates at a few req/s on the chat mix), one probe fewer per search.
@@ -268,7 +269,7 @@ def sarathi_headline(num_requests: int = DEFAULT_NUM_REQUESTS, seed: int = 0,
     most max_model_len prompt tokens a step: Sarathi-Serve's VLLMSchedulerConfig
     defaults max_num_batched_tokens to max_model_len). Sarathi-Serve: chunked
     with token budget 512 (strict) or 2048 (relaxed), max batch 128
-    (osdi-experiments/figure-5-6/mistral7b_*.yml). The paper also runs Orca
+    (osdi-experiments/figure-5-6/mistral7b_*.yml, branch osdi-sarathi-serve). The paper also runs Orca
     (batch 16); we do not. Returns per SLO: the SLO, the paper's Table 3 value,
     both capacities, our ratio, and the paper's headline on the strict row.
     """

@@ -170,7 +170,8 @@ LENGTH_MIXES: dict[str, tuple[LengthDist, LengthDist, str]] = {
     # 7059 / 12985 / 3638, outputs 208 / 371 / 265. The paper drops requests longer
     # than 8192 (chat) and 16384 (arxiv) tokens in all (section 5, "Workloads"). The
     # chat trace the paper's artifact replays (microsoft/sarathi-serve,
-    # data/processed_traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv, 30,731
+    # data/processed_traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv (branch
+    # niyama_asplos2026 of microsoft/sarathi-serve), 30,731
     # requests, LLaMA-2 tokenizer) gives the same medians and P90s (1730 / 5696, 415 /
     # 834) and a prompt std of 2088, but an output std of 266, not 101: Table 2's two
     # output stds look swapped. The arxiv trace is not in the repository.

@@ -368,7 +368,8 @@ for backend in ["reference", "sdpa"]:
 # tensor, so without help a decode's blocks are first gathered (copied) out of the pool,
 # every layer of every step. A **paged kernel** skips the copy: it reads each block
 # where it lies, through the block table, as vLLM's kernels do (its CPU backend has
-# one, `paged_attention_v1_impl` in `csrc/cpu/attention.cpp`) and flash-attn's
+# one: `cpu_attention_with_kv_cache` in `csrc/cpu/cpu_attn.cpp` since vLLM's PR #27954,
+# `paged_attention_v1_impl` in `csrc/cpu/attention.cpp` before) and flash-attn's
 # `block_table` does. The engine ships a small one for the CPU,
 # `minillm/kernels/paged_decode.cpp`, compiled once by `make` (`python -m minillm.kernels
 # build`, a C++ compiler needed); where it is built, CPU decodes in float32 or float64

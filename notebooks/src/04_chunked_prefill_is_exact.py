@@ -506,7 +506,7 @@ assert all(real_answers["float32", c].output_token_ids == real_answers["float32"
 # continuation of a chunked prefill can part ways with the whole prefill's after some
 # tokens. The output above says whether and where, on this machine. This is what
 # vLLM's users keep reporting: "Chunked prefill vs. non-chunked output is different for a
-# long prompt" (vllm-project/vllm#5952, on an A40), "Inconsistent evaluations when enabling
+# long prompt" (vllm-project/vllm#5952), "Inconsistent evaluations when enabling
 # / disabling chunked_prefill" (vllm-project/vllm#9706, vLLM 0.6.3). The maintainer's answer
 # in #5952: chunked prefill runs other kernels, the report was not in float32 nor greedy,
 # and without a quality difference on a benchmark it is hard to call it a bug.

@@ -433,7 +433,7 @@ for o in (o for o in runs["prefill_first"][1] if o.tag == "decoder"):
 # from the mean, in short ones it dominates it; the max ITL shows it either way. A
 # benchmark that reports only mean TPOT cannot tell one frozen moment from every token
 # being slower. That is why serving benchmarks (vLLM's
-# `benchmark_serving`, for one) print ITL percentiles next to TPOT, and why the goal of
+# `vllm bench serve`, formerly `benchmark_serving.py`, for one) print ITL percentiles next to TPOT, and why the goal of
 # chunked prefill is stated in p99 and max ITL (or "tail TPOT"), not in mean TPOT.
 #
 # ## 6. Chunking does not lower the long prompt's own TTFT
@@ -641,10 +641,10 @@ print(f"break-even length of '{model.cfg.name}' on this machine: {break_even['me
 # Real engines: Sarathi-Serve's scheduler has a dynamic chunking schedule
 # (`enable_dynamic_chunking_schedule` in `sarathi/core/scheduler/sarathi_scheduler.py`:
 # chunk sizes step down from `high_chunk_size` to `low_chunk_size` as the prompt's
-# processed tokens grow); SGLang's `--enable-dynamic-chunking` (off by default, for
+# processed tokens grow; off by default, and its benchmark README calls it experimental); SGLang's `--enable-dynamic-chunking` (off by default, for
 # pipeline parallelism, where unequal chunks leave pipeline stages idle) sizes chunks "based
 # on fitted function to maintain consistent execution time across chunks" (its help text in
-# `python/sglang/srt/server_args.py`). vLLM's scheduler budgets tokens
+# `python/sglang/srt/arg_groups/fields/schedule.py`; `server_args.py` before 0.5.20). vLLM's scheduler budgets tokens
 # (`max_num_batched_tokens`), as `chunk_sizing="fixed"` does.
 #
 # Where attention dominates, the gain is large: a small model over a long context. The
@@ -787,7 +787,7 @@ assert steps["max 2 at a time"] - steps["roomy"] > steps["tight"] - steps["max 2
 #
 # | minillm | what it bounds | vLLM | SGLang | TensorRT-LLM |
 # |---|---|---|---|---|
-# | `policy="chunked"` | stall-free batching on/off | `enable_chunked_prefill`, on by default in V1 (decodes first, chunks fill the budget) | prompts are chunked by default (`--chunked-prefill-size`, -1 turns it off), but a step mixes a chunk with decodes only with `--enable-mixed-chunk`, **off** by default: its default steps are prefill-only or decode-only | `enable_chunked_context`, **off** by default |
+# | `policy="chunked"` | stall-free batching on/off | `enable_chunked_prefill`, on by default in V1 (decodes first, chunks fill the budget) | prompts are chunked by default (`--chunked-prefill-size`, -1 turns it off), but a step mixes a chunk with decodes only with `--enable-mixed-chunk`, **off** by default: its default steps are prefill-only or decode-only | `enable_chunked_prefill` in its LLM API (`enable_chunked_context` in the C++ executor), **off** by default |
 # | `token_budget` (`C + N <= budget`) | all tokens of a step | `max_num_batched_tokens` | (`--max-prefill-tokens` caps a prefill batch) | `max_num_tokens`, default 8192 |
 # | `chunk_size` (`C <= chunk_size`) | prefill tokens of a step | (the budget minus the decodes); `long_prefill_token_threshold` caps one request's chunk | `--chunked-prefill-size` | (the budget) |
 # | `max_num_seqs` | requests in a step | `max_num_seqs` | `--max-running-requests` | `max_batch_size` |
@@ -821,12 +821,14 @@ assert steps["max 2 at a time"] - steps["roomy"] > steps["tight"] - steps["max 2
 #   the V0 days (the chunked-prefill docs PR, vllm-project/vllm#4580, May 2024, picked 512
 #   for the best ITL on an A100); it was raised to 2048 (vllm-project/vllm#10544, Nov 2024:
 #   which found 512 too conservative, above all on an H100), and V1, where chunked prefill is
-#   always on, picks 2048 to 16384 depending on the GPU and the entry point (offline
-#   `LLM` or the OpenAI server); see the vLLM docs, *Optimization and Tuning*.
-# * **SGLang**: `--chunked-prefill-size` defaults from the GPU's memory: 2048 below 35 GB,
+#   on by default, picks 2048 to 16384 depending on the GPU and the entry point (offline
+#   `LLM` or the OpenAI server): `EngineArgs.get_batch_defaults` in
+#   `vllm/engine/arg_utils.py`.
+# * **SGLang**: `--chunked-prefill-size` defaults from the GPU's memory: 2048 below 20 GB,
 #   4096 below 60 GB, 8192 below 160 GB (A100-80GB, H100, H200), 16384 above
-#   (`python/sglang/srt/server_args.py`, sgl-project/sglang; the tiers differ between
-#   releases), not 512. That size bounds the prefill tokens of a step, but by default SGLang
+#   (`handle_gpu_memory_settings` in `python/sglang/srt/arg_groups/memory_hook.py`,
+#   SGLang 0.5.20 and later; earlier releases gave 2048 up to 35 GB, in `server_args.py`),
+#   not 512. That size bounds the prefill tokens of a step, but by default SGLang
 #   does not put decodes in the same step: `enable_mixed_chunk` defaults to `False` in the
 #   same file. Out of the box it is therefore chunked, prefill-first scheduling with
 #   steps of bounded size, not stall-free batching.

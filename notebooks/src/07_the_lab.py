@@ -230,7 +230,7 @@ assert knee in lab.CHUNK_SIZES and (pick is None or LOAD.capacity_slo().met_by(b
 # `--chunked-prefill-size`, but a step is prefill-only or decode-only, and
 # `get_next_batch_to_run` in `python/sglang/srt/managers/scheduler.py` runs prefill first
 # if it can: mixing needs `--enable-mixed-chunk`, off by default in
-# `python/sglang/srt/server_args.py`; our `chunked_prefill_first`), prefill-first without
+# `python/sglang/srt/arg_groups/fields/schedule.py`; our `chunked_prefill_first`), prefill-first without
 # chunking (vLLM V0 before chunked prefill) and decode-first. The scheduler's own code for
 # SGLang's policy:
 
@@ -273,9 +273,10 @@ lab.lab_figure(LOAD)
 # P99 time between tokens under 5x (strict) or 25x (relaxed) the time of a decode step of
 # 32 requests with 4k-token prompts, 0.1 s and 0.5 s for Mistral-7B (Table 3); capacity
 # is the highest rate meeting it with the median scheduling delay under 2 s, and the
-# largest gains come under the strict SLO (3.7x over vLLM, 4.0x over Orca, Yi-34B). Its
+# gains grow under the strict SLO: 3.7x over vLLM and 4.0x over Orca for Yi-34B on one
+# replica, up to 4.3x and 6.3x for LLaMA2-70B with pipeline parallelism. Its
 # artifact binary-searches the rate, each trial a Poisson trace of 2048 requests
-# (`osdi-experiments/figure-5-6` in microsoft/sarathi-serve). Our version: Mistral-7B's
+# (`osdi-experiments/figure-5-6` in microsoft/sarathi-serve, branch `osdi-sarathi-serve`). Our version: Mistral-7B's
 # shape on the A100-80GB profile; the chat mix (Table 2's openchat_sharegpt4 statistics,
 # cut to the preset's 4096-token context); the same SLO recipe on our cost model (a
 # 22 ms decode step: 110 and 552 ms) and the same 2 s on the median scheduling delay;
@@ -603,13 +604,15 @@ assert 1024 < same_time_chunk < 2048            # quoted below
 #
 # * **vLLM** (V1) turns chunked prefill on and picks `max_num_batched_tokens` (the token
 #   budget of a step) by GPU and entry point, from 2048 up to 16384 on large-memory GPUs
-#   for the offline `LLM` class; V0 once used 512, later 2048 (vLLM docs, "Optimization and
-#   Tuning"; `vllm/engine/arg_utils.py`). The budget bounds chunk + decodes, like our
+#   for the offline `LLM` class; V0 once used 512, later 2048
+#   (`EngineArgs.get_batch_defaults` in `vllm/engine/arg_utils.py`; PRs #4580 and #10544).
+#   The budget bounds chunk + decodes, like our
 #   `token_budget`.
 # * **SGLang** sets `chunked_prefill_size` from the GPU's memory, 2048 to 16384 (server
-#   arguments, `sglang/srt/server_args.py`), but mixes a chunk with decodes in one step
+#   arguments, `python/sglang/srt/arg_groups/memory_hook.py`), but mixes a chunk with decodes in one step
 #   only with `--enable-mixed-chunk`, off by default (chapter 6).
-# * **TensorRT-LLM** leaves chunked context *off* by default (`enable_chunked_context`)
+# * **TensorRT-LLM** leaves chunked prefill *off* by default (`enable_chunked_prefill` in
+#   its LLM API, `enable_chunked_context` in the C++ executor)
 #   with `max_num_tokens` 8192 (TensorRT-LLM docs, "Tuning max batch size and max num
 #   tokens").
 #

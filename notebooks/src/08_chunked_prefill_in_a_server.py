@@ -8,12 +8,13 @@
 #
 # 1. Does it still work when the prefix is already cached (**prefix caching**)?
 # 2. Why does one long prompt make every short prompt behind it wait, and what do
-#    vLLM's `long_prefill_token_threshold` and `max_num_partial_prefills` do about it?
+#    vLLM's `long_prefill_token_threshold` (and once `max_num_partial_prefills`) do about it?
 # 3. Should prefill and decode share GPUs at all (**chunked vs disaggregated prefill**)?
 #
 # **What you build.** The engine's prefix cache (`enable_prefix_caching=True`, vLLM's
 # switch name), checked token for token against the engine without it; vLLM's three
-# partial-prefill knobs as `SchedulerConfig` fields, measured; and a simulator of
+# partial-prefill knobs (one still in force, two that only V0 ran) as `SchedulerConfig`
+# fields, measured; and a simulator of
 # prefill/decode disaggregation at equal GPU count, scored by goodput under two SLOs.
 
 # %% slideshow={"slide_type": "skip"}
@@ -231,10 +232,15 @@ assert rows[1][3] < 0.5 * rows[0][3] and rows[3][3] < 0.2 * rows[2][3] and rows[
 #   will allow shorter prompts to jump the queue in front of longer prompts". PR #10235
 #   added them to the V0 scheduler, which splits the step's prefill tokens evenly among
 #   the partial prefills; with them on and the threshold at 0, vLLM sets it to 4% of the
-#   model's context. (#21495's thread notes they were V0-only at the time.)
+#   model's context. (#21495's thread notes they were V0-only at the time.) They still are:
+#   vLLM's `SchedulerConfig` keeps both fields, but V1, the only engine since V0 was
+#   removed, refuses any value but 1 at startup ("Concurrent Partial Prefill is not
+#   supported", `EngineArgs` in `vllm/engine/arg_utils.py`), and vllm-project/vllm#14003,
+#   "Implement Concurrent Partial Prefills In V1 Engine", is open. In today's vLLM the
+#   threshold alone acts.
 #
-# minillm has the same three fields with the same meanings, used by the real engine and the
-# simulator alike:
+# minillm has the same three fields with V0's meanings, used by the real engine and the
+# simulator alike, so that you can measure what V1 leaves out:
 
 # %%
 show_source(Scheduler._schedule_partial_prefills)
@@ -348,10 +354,13 @@ assert goodput[tight_tpot]["disaggregated"] > goodput[tight_tpot]["aggregated"]
 # That is the qualitative result of the papers, recovered: **aggregation wins under a
 # tight TTFT SLO, disaggregation under a tight TPOT SLO**. Their numbers, next to ours:
 #
-# * **DistServe** (OSDI'24) reports up to 7.4x more requests (goodput) or 12.6x tighter
-#   SLOs than vLLM, on OPT-13B to 175B with tuned parallelism per phase and placement
-#   search. Its baseline was vLLM *without* chunked prefill, whose TPOT suffers far more
-#   than stall-free batching's.
+# * **DistServe** (OSDI'24) reports up to 7.4x the request rate per GPU within its SLOs
+#   (goodput) or 12.6x tighter SLOs, on OPT-13B to 175B with tuned parallelism per phase
+#   and placement search. Against vLLM, which then had no chunked prefill, the rate gains
+#   are 2.0-5.7x and the SLO gain up to 12.6x (summarization); the 7.4x is against
+#   DeepSpeed-MII, which does chunk prompts (Dynamic SplitFuse), and against it the SLO
+#   gains are 1.4-2.6x (section 6.2). DistServe counts goodput per GPU; our req/s are for
+#   both GPUs, which at equal GPU count ranks the layouts the same way.
 # * **TaiChi** (arXiv 2508.01989, 2025) compares both against each other and states our
 #   result: "PD aggregation is optimal under tight TTFT and relaxed TPOT, while PD
 #   disaggregation excels under strict TPOT and relaxed TTFT"; its hybrid improves goodput
@@ -387,8 +396,8 @@ assert thr["disaggregated"] <= thr["aggregated"]
 # * A shared system prompt computed once cuts prefill work to the user messages; TTFT
 #   falls with it (measured here and simulated on an H100).
 # * FCFS chunking makes short prompts wait for a long one. vLLM's
-#   `long_prefill_token_threshold` and partial prefills let them through in a few steps,
-#   and the long prompt pays with a longer TTFT.
+#   `long_prefill_token_threshold` (and V0's partial prefills, not in V1) let them through
+#   in a few steps, and the long prompt pays with a longer TTFT.
 # * At equal GPU count, aggregation (chunked prefill) wins tight-TTFT goodput and
 #   disaggregation tight-TPOT goodput; neither raises throughput.
 #
