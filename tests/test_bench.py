@@ -114,3 +114,12 @@ def test_break_even_measurement_reports_both_lengths():
 def test_median_row_takes_lists_position_by_position():
     runs = [{"long_prompt_steps_s": steps} for steps in ([0.3, 0.1], [0.1, 0.2], [0.2, 0.9])]
     assert bench._median_row(runs) == {"long_prompt_steps_s": [0.2, 0.2]}
+
+
+def test_tables_fit_their_longest_cell_text_left_numbers_right():
+    rows = [{"step": "chunk 256 over 1792 + 8 decodes over 2048", "ms": 47.31},
+            {"step": "prefill 256", "ms": 5.0}]
+    header, rule, *lines = bench._table(rows, [("step", "step", ""), ("ms", "time (ms)", ".1f")]).splitlines()
+    assert len({len(header), len(rule), *map(len, lines)}) == 1          # every line as wide
+    assert lines[1].startswith("prefill 256 ") and lines[1].endswith("  5.0")
+    assert header.index("time (ms)") > len(rows[0]["step"])              # no cell runs into the next

@@ -43,15 +43,16 @@ from ..scheduler import SchedulerConfig
 
 
 def _table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
-    """columns: (key, header, format)."""
-    header = " ".join(f"{h:>{max(len(h), 9)}}" for _, h, _ in columns)
+    """columns: (key, header, format). Each column is as wide as its widest
+    cell; text is aligned left, numbers right."""
+    cells = [[value if isinstance(value, str) else format(value, fmt)
+              for value, fmt in ((row[key], fmt) for key, _, fmt in columns)] for row in rows]
+    widths = [max([len(h), 9] + [len(line[i]) for line in cells]) for i, (_, h, _) in enumerate(columns)]
+    text = [all(isinstance(row[key], str) for row in rows) for key, _, _ in columns]
+    align = ["<" if is_text else ">" for is_text in text]
+    header = " ".join(f"{h:{a}{w}}" for (_, h, _), a, w in zip(columns, align, widths))
     lines = [header, "-" * len(header)]
-    for row in rows:
-        cells = []
-        for key, h, fmt in columns:
-            value = row[key]
-            cells.append(f"{format(value, fmt) if not isinstance(value, str) else value:>{max(len(h), 9)}}")
-        lines.append(" ".join(cells))
+    lines += [" ".join(f"{c:{a}{w}}" for c, a, w in zip(line, align, widths)) for line in cells]
     return "\n".join(lines)
 
 

@@ -78,9 +78,10 @@ def bench_steps(shape: str = "tiny", processes: int = 3, repeats: int = 5, steps
 
 
 def report(result: dict) -> str:
-    lines = [f"{'step':45s} {'glibc defaults':>15s} {'kept':>10s} {'kept/def':>9s} {'faults def':>11s} "
-             f"{'faults kept':>11s}"]
-    for r in result["rows"]:
-        lines.append(f"{r['step']:45s} {r['before_s'] * 1e3:12.1f} ms {r['after_s'] * 1e3:7.1f} ms "
-                     f"x{r['after_over_before']:8.2f} {r['page_faults_before']:11.0f} {r['page_faults_after']:11.0f}")
-    return "\n".join(lines)
+    from .bench import _table
+
+    rows = [dict(r, before_ms=r["before_s"] * 1e3, after_ms=r["after_s"] * 1e3) for r in result["rows"]]
+    return _table(rows, [("step", "step", ""), ("before_ms", "glibc defaults (ms)", ".1f"),
+                         ("after_ms", "kept (ms)", ".1f"), ("after_over_before", "kept/defaults", ".2f"),
+                         ("page_faults_before", "faults defaults", ".0f"),
+                         ("page_faults_after", "faults kept", ".0f")])
