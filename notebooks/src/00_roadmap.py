@@ -55,7 +55,7 @@ print("device:", device)
 #
 # The engine's built-in model (preset `"tiny"`) is a 4-layer Llama-style decoder with
 # random weights: it babbles, and it is small enough to run on a laptop CPU. Its step
-# costs are not a big model's on a GPU (section 2 measures how they differ), but the
+# costs are not a big model's on a GPU (the end of section 3 compares them), but the
 # stall they cause is the same phenomenon.
 
 # %% slideshow={"slide_type": "fragment"}
@@ -99,10 +99,9 @@ decode_step = prepare_step(model, [(1, 2048)] * 8)
 
 # %% slideshow={"slide_type": "subslide"}
 # NBVAL_IGNORE_OUTPUT
-# On a CPU one 2048-token prefill takes about a second: one timed run is enough. A GPU is
-# fast and noisy: warm up, repeat.
+# A few hundred ms on a CPU: three runs after a warm-up. A GPU is fast and noisy: ten.
 on_cpu = device.type == "cpu"
-prefill_s = time_step(prefill_step, repeats=1 if on_cpu else 10, warm_up=not on_cpu)
+prefill_s = time_step(prefill_step, repeats=3 if on_cpu else 10)
 decode_s = time_step(decode_step, repeats=5)
 print(f"prefill of 2048 tokens:             {prefill_s * 1e3:8.1f} ms")
 print(f"decode step of 8 streams (1 token): {decode_s * 1e3:8.1f} ms")
@@ -113,17 +112,18 @@ assert prefill_s > decode_s, "a 2048-token prefill should take longer than a one
 
 # %% [markdown]
 # The prefill has 256 times the decode step's tokens but takes far less than 256 times
-# as long. On this CPU every step pays a **fixed cost** (Python, kernel dispatch, the
-# small operations of 4 layers) whatever its size. Timing prefill steps of a few sizes
-# separates the two parts: the slope between the two largest gives the cost per token,
-# and the smallest step, less its few tokens' share, the fixed cost:
+# as long, for two reasons. Every step pays a **fixed cost** (Python, kernel dispatch, the
+# small operations of 4 layers) whatever its size; and each decode token attends over
+# its 2048 cached keys, so the decode step costs more than a prefill step of 8 short
+# tokens. Timing prefill steps of a few sizes separates the fixed part from the cost per
+# token: a straight line through the 8- and 1024-token steps gives both:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 sizes = [8, 64, 256, 1024]
 size_s = [time_step(prepare_step(model, [(n, 0)]), repeats=3) for n in sizes] + [prefill_s]
 sizes.append(2048)
-per_token_s = (size_s[-1] - size_s[-2]) / (sizes[-1] - sizes[-2])
+per_token_s = (size_s[3] - size_s[0]) / (sizes[3] - sizes[0])          # 8 -> 1024 tokens
 fixed_s = size_s[0] - sizes[0] * per_token_s
 for n, seconds in zip(sizes, size_s):
     print(f"prefill step of {n:4d} tokens: {seconds * 1e3:7.1f} ms "
@@ -138,7 +138,10 @@ assert size_s[0] > 8 * per_token_s * 2       # ... but far more than 8 tokens' s
 
 # %% [markdown]
 # So on this machine a step costs a fixed part plus a part proportional to its tokens,
-# and small steps are mostly fixed cost. A big model on a GPU has the same two parts with
+# up to about a thousand tokens, and small steps are mostly fixed cost. The 2048-token
+# step costs more than the line predicts: each token's attention reads every token
+# before it, so that work grows with the square of the prompt's length (chapter 5
+# counts it). A big model on a GPU has the same two parts with
 # other weights: a decode step is dominated by reading every weight once, a long
 # prefill by its FLOPs (chapter 5 derives both). Either way, a step that carries a whole
 # prompt is many times longer than a decode step, and that is all the stall needs.
@@ -219,9 +222,23 @@ assert gpu_prefill_s > 5 * gpu_decode_s
 
 # %% [markdown]
 # Same story, different scale. (Write-ups on chunked prefill often quote about 200 ms for
-# a 7B model's 2048-token prefill on an A100 and about 5 ms per decode step; chapter 5
-# checks such numbers against the FLOPs and bytes.)
-#
+# a 7B model's 2048-token prefill on an A100 and about 5 ms per decode step. The second
+# cannot hold in bf16: a decode step reads every weight once, and the next cell shows
+# what that alone takes. Chapter 5 checks such numbers against the FLOPs and bytes.)
+
+# %%
+from minillm.sim.hardware import get_hardware
+
+a100 = get_hardware("A100-80GB")
+weights_gb = llama3.num_parameters() * 2 / 1e9
+kv_gb = 8 * 2048 * llama3.kv_bytes_per_token(2) / 1e9
+floor_s = (weights_gb + kv_gb) * 1e9 / a100.mem_bandwidth_bytes_s
+print(f"a decode step reads {weights_gb:.1f} GB of weights and {kv_gb:.1f} GB of cached K and V: "
+      f"at least {floor_s * 1e3:.1f} ms at the A100's {a100.mem_bandwidth_bytes_s / 1e9:.0f} GB/s "
+      f"(the weights alone: {weights_gb * 1e9 / a100.mem_bandwidth_bytes_s * 1e3:.1f} ms)")
+assert weights_gb * 1e9 / a100.mem_bandwidth_bytes_s > 5e-3 and gpu_decode_s > floor_s
+
+# %% [markdown]
 # The fix this book builds is **chunked prefill**: split the long prompt into chunks of,
 # say, 512 tokens, and run one chunk per step *together with* every stream's decode
 # token. No stream waits a whole prefill; each step grows by one chunk. The price: the
@@ -252,7 +269,7 @@ assert gpu_prefill_s > 5 * gpu_decode_s
 # the model was trained with:
 
 # %%
-from minillm.book.chats import chat_requests, long_document, serve_with_late_arrival
+from minillm.book.chats import long_document, serve_with_late_arrival
 
 real_model, tok = minillm.pretrained("smollm2-135m-instruct", device=device)
 question = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
@@ -327,6 +344,11 @@ plt.tight_layout()
 plt.show()
 
 # %%
+# NBVAL_IGNORE_OUTPUT
+for name, (outs, _) in real_runs.items():
+    print(f"{name}: the document's first token {outs[-1].metrics.ttft:.2f} s after it arrived")
+
+# %%
 texts = {name: [o.text for o in outs] for name, (outs, _) in real_runs.items()}
 assert texts["prefill_first"] == texts["chunked, 128-token chunks"], "the policy changes when, not what"
 assert worst["chunked, 128-token chunks"] < worst["prefill_first"]
@@ -335,7 +357,9 @@ assert worst["chunked, 128-token chunks"] < worst["prefill_first"]
 # Same words under both policies (greedy decoding, float32): the policy decides *when* a
 # token is computed, never *which*. What changes is the rhythm: without chunks, every
 # stream freezes while the document is read; with chunks, each step carries a
-# 128-token piece of it plus the streams' next tokens.
+# 128-token piece of it plus the streams' next tokens. The document itself waits longer
+# for its first token with chunks (printed above): the same work, spread over more steps,
+# each also carrying the streams' tokens, so that no single gap is long.
 #
 # ## Takeaways
 #

@@ -12,7 +12,7 @@
 #   `is_causal=True` (and its fix);
 # - merged two partial attentions with their log-sum-exp, the trick behind
 #   FlashAttention and split-KV decoding;
-# - seen why the engine never builds a chunk's mask at all: the rectangle splits into
+# - seen why the engine's `sdpa` backend never builds a chunk's mask at all: the rectangle splits into
 #   a block with no mask and a square where `is_causal` is exact, merged by log-sum-exp;
 # - run the engine's packed, paged attention with two backends and seen them agree.
 
@@ -49,7 +49,7 @@ def random_qkv(n, m, num_heads=4, num_kv_heads=4, head_dim=16, dtype=torch.float
 #
 # Token $i$ has a query $q_i$, a key $k_i$ and a value $v_i$ (one vector per head). Its
 # output is a weighted average of the values of the tokens it may see, the weights a
-# softmax of scaled dot products:
+# softmax of scaled dot products ($D$ is the head dimension):
 # $$o_i = \sum_{j \le i} \frac{e^{s_{ij}}}{\sum_{j' \le i} e^{s_{ij'}}}\, v_j, \qquad s_{ij} = \frac{q_i \cdot k_j}{\sqrt{D}}.$$
 # *Causal* means $j \le i$: a token never sees the future. Here it is for one head,
 # straight from the formula:
@@ -150,9 +150,9 @@ assert torch.allclose(fixed, truth, atol=1e-12) and torch.allclose(explicit, tru
 
 # %% [markdown] slideshow={"slide_type": "subslide"}
 # The experiment above already shows the property chunked prefill rests on: the chunk's
-# attention, computed from its own queries and the cached keys, is **exactly** the
-# corresponding rows of the full prefill's attention. Chapter 4 builds the whole proof
-# on this.
+# attention, computed from its own queries and the cached keys, is the corresponding
+# rows of the full prefill's attention: equal in exact arithmetic, and here to float64
+# rounding (printed above). Chapter 4 builds the whole proof on this.
 #
 # ## 4. Attention in pieces: the log-sum-exp merge
 #
@@ -266,8 +266,9 @@ assert torch.allclose(split, reference_attention(q, k, v), atol=1e-12, rtol=0)
 assert torch.equal(split, sdpa_attention(q, k, v))       # sdpa_attention is this split
 
 # %% [markdown]
-# Is it worth it? A mask tensor is cheap to build but expensive to use: the fused
-# kernel must read it for every score and cannot skip the masked half. Here is one chunk
+# Is it worth it? A mask tensor has to be built and then read for every score, and a
+# kernel given a mask cannot skip the masked scores (here the 256 x 255 / 2 above the
+# chunk's diagonal, 6% of all). Here is one chunk
 # of 256 tokens over 1792 cached ones (8 query heads sharing 2 KV heads, float32),
 # computed the plain way (one call with an explicit bottom-right mask) and split:
 
@@ -308,7 +309,7 @@ assert torch.allclose(from_heads(explicit_mask()), split_in_two(), atol=1e-5)
 # the ratio printed above, and rerun the cell to see it move. What the split removes is
 # everything around the kernel: no `[n, c + n]` mask to build per layer and request, no
 # copy of the cache to line the keys up with it (section 6), and `is_causal` skips the
-# masked half of the square. In a chunked prefill the last chunks attend over the
+# masked half of the small square. In a chunked prefill the last chunks attend over the
 # longest caches, where those costs used to grow; `python -m minillm bench chunk-cost`
 # measures whole chunked prefills against one full prefill.
 #
@@ -327,7 +328,9 @@ show_source(paged_attention)
 # %% [markdown]
 # Let us build such a step by hand, in float64 on the CPU, with grouped-query heads
 # (8 query heads sharing 2 KV heads), and compare each backend with
-# `reference_attention` on each request's contiguous keys:
+# `reference_attention` on each request's contiguous keys. (`allocate` reserves a
+# request's blocks, `slot_mapping` lists the pool row of each of its tokens, and
+# `write_kv` stores K and V there; chapter 3 builds all three.)
 
 # %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 query_lens, cached_lens = [6, 3, 1, 1], [0, 5, 9, 14]
@@ -360,9 +363,9 @@ for backend in ["reference", "sdpa"]:
 # %% [markdown]
 # Both backends agree with the reference to float64 rounding. In the `sdpa` backend a
 # prefill chunk takes its own keys straight from the step and reads its cached prefix
-# from the pool as a view when its blocks are consecutive (the model takes that view
-# once per step for every layer); only a prefix in scattered blocks is copied, one
-# gather per layer, read while it is still in the CPU's cache.
+# from the pool without a copy when its blocks are consecutive (one view of the pool,
+# taken once per step for all layers); a prefix scattered over many blocks is gathered
+# into one tensor, once per layer.
 #
 # Decodes take one of two paths. Torch's fused kernels want a request's keys in one
 # tensor, so without help a decode's blocks are first gathered (copied) out of the pool,
@@ -425,6 +428,8 @@ try:
                     k_cache.clone(), v_cache.clone(), batch, backend="flash")
 except ValueError as e:
     print("ValueError:", e)
+else:
+    raise AssertionError("backend='flash' should have been refused here")
 
 # %% [markdown]
 # ## Takeaways

@@ -68,7 +68,7 @@ show_source(RMSNorm)
 # %% [markdown]
 # RMSNorm divides a row by its root-mean-square (no mean subtraction, unlike LayerNorm)
 # and scales by a learned weight. It computes in float32 even for bf16 models, as
-# Hugging Face does. A three-line version agrees:
+# Hugging Face does. A one-line version agrees:
 
 # %% slideshow={"slide_type": "fragment"}
 x = torch.randn(5, 64, dtype=torch.float64)
@@ -97,7 +97,9 @@ show_source(MLP)
 # Attention itself is blind to order: permute the keys and the softmax permutes with
 # them. Rotary position embedding (RoPE) injects position by **rotating** each pair of
 # dimensions of $q$ and $k$ by an angle proportional to the token's position, with a
-# different frequency per pair, $\theta^{-2i/D}$. A rotation by $a$ followed by the
+# different frequency per pair, $\theta^{-2i/D}$ for pair $i = 0 \dots D/2-1$, where
+# $\theta$ is the model's `rope_theta` (10,000 in the original paper and the tiny preset,
+# 500,000 for Llama-3) and $D$ the head dimension. A rotation by $a$ followed by the
 # transpose of a rotation by $b$ is a rotation by $a - b$, so
 # $$\mathrm{RoPE}(q, m) \cdot \mathrm{RoPE}(k, n) \text{ depends on } m - n \text{ only.}$$
 # The engine pairs dimension $i$ with $i + D/2$ ("rotate half"), Hugging Face's layout:
@@ -223,7 +225,7 @@ show_source(minillm.load_hf_model)
 # itself (grouped-query heads, seeded), save it with `save_pretrained` exactly as a
 # published checkpoint is saved, load the directory with `minillm.load_hf_model`, and
 # compare. Then the same for a Qwen3-style model, which adds an RMSNorm on each head's
-# query and key and ties the LM head to the embedding.
+# query and key, and here (as in Qwen3-0.6B) ties the LM head to the embedding.
 
 # %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 import transformers
@@ -264,7 +266,8 @@ for family, hf_model in hf_models.items():
     assert diff < 1e-4
 
 # %% [markdown]
-# Logits agree to float32 rounding. The stronger test for a serving engine is the text
+# Logits agree (bit for bit in the run above; in general to float32 rounding). The
+# stronger test for a serving engine is the text
 # it would produce: a greedy continuation of 16 tokens. Ours re-runs the growing
 # sequence through `prefill_kv` (the engine of chapter 6 does it incrementally); theirs
 # is `generate(do_sample=False)`:
@@ -315,7 +318,7 @@ show_source(gguf_loader.unpermute_rope_rows)
 # %% [markdown]
 # `minillm.pretrained` finds the packaged file (and says how to install it if it is
 # missing), loads the model and builds the tokenizer from the file's vocabulary and
-# merges. The first call caches the dequantized weights, so later calls take a second or two.
+# merges. The first call caches the dequantized weights for the calls after it.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -329,8 +332,9 @@ print(chat)
 
 # %% [markdown]
 # The template wraps the question in the special tokens the model was trained on. Now the
-# engine answers it, and `transformers` runs the same weights (our dequantized tensors in
-# its `LlamaForCausalLM`) on the same tokens:
+# engine answers it, reading the prompt in chunks of 16 tokens (`chunk_size=16`: three
+# steps), and `transformers` runs the same weights (our dequantized tensors in its
+# `LlamaForCausalLM`) on the same tokens in one:
 
 # %%
 from minillm.book.bench import to_hf_model
@@ -354,15 +358,18 @@ assert answer.output_token_ids == hf_ids and "Paris" in answer.text
 assert real_diff < 1e-3
 
 # %% [markdown]
-# Same tokens, same text, logits equal to float32 rounding. (`tests/test_real_model.py`
+# Same tokens, same text, logits equal (bit for bit above; in general to float32
+# rounding). (`tests/test_real_model.py`
 # goes further: `transformers` loads the GGUF file itself, with its own dequantization and
 # its own undoing of the Q/K order, and the logits agree to 1e-4 over 300 tokens; greedy
 # answers to three chat prompts agree token for token through the engine with chunked
 # prefill.)
 #
 # What if the loader forgot the Q/K reordering? Apply llama.cpp's order to a copy of the
-# model and ask again. Only the positions the rotation sees are scrambled, and that is
-# enough:
+# model and ask again. The same permutation hits Q and K, so without RoPE every score
+# would be unchanged; only the pairs of dimensions that RoPE rotates together are wrong,
+# and that is enough to lose the answer (printed below; in the run committed here the
+# very first token ends the turn).
 
 # %%
 import copy
@@ -388,7 +395,7 @@ del scrambled
 #   still be rotated by its **absolute** positions.
 # - GQA shares each KV head among a group of query heads: the same math, a KV cache
 #   smaller by the group size (4x for Llama-3-8B: 128 KiB per token in bf16).
-# - The engine loads Hugging Face checkpoints by name and reproduces `transformers`'
+# - The engine loads Hugging Face checkpoint directories (same parameter names) and reproduces `transformers`'
 #   logits and greedy tokens on the same weights.
 # - It also loads a real, trained model from a GGUF file (SmolLM2-135M-Instruct):
 #   dequantized, its Q/K rows put back in Hugging Face's order, and it answers in words

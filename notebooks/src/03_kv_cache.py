@@ -22,6 +22,7 @@ from collections import deque
 
 import matplotlib.pyplot as plt
 import torch
+from IPython.display import display
 from matplotlib.patches import Rectangle
 
 import minillm
@@ -144,7 +145,9 @@ assert recompute_by_len_s[-1] > 3 * cached_by_len_s[-1]
 
 # %% [markdown]
 # Past the fixed cost, the recompute step grows with the sequence and the cached one stays
-# flat: over a generation, the cache turns quadratic work into linear work. The fixed
+# flat: over a generation, the cache turns quadratic token processing into linear (each
+# step runs one token through the weights; its attention still reads the whole cache, a
+# small cost here). The fixed
 # per-step cost is a property of running a small model from Python on a CPU (a GPU engine
 # pays a similar host overhead per step, which CUDA graphs shrink); it is why short
 # sequences hide the difference. The price of caching is memory, which the rest of the
@@ -171,9 +174,9 @@ print(f"one sequence of {cfg.max_position} tokens: {per_token * cfg.max_position
 weights_bytes = cfg.num_parameters() * 2
 hbm_bytes = 80e9   # an 80 GB A100 or H100 (NVIDIA datasheets)
 kv_budget = hbm_bytes - weights_bytes
-print(f"weights in bf16: {weights_bytes / 1e9:.1f} GB; on an 80 GB GPU that leaves room for "
-      f"{kv_budget / per_token:,.0f} tokens of KV = {kv_budget / per_token / cfg.max_position:.0f} "
-      f"full-length sequences")
+print(f"weights in bf16: {weights_bytes / 1e9:.1f} GB; on an 80 GB GPU that leaves room for at most "
+      f"{kv_budget // per_token:,.0f} tokens of KV = {int(kv_budget // per_token // cfg.max_position)} "
+      f"full-length sequences (activations and the framework's own memory not counted)")
 assert per_token == 128 * 1024
 
 # %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
@@ -308,8 +311,8 @@ print("after freeing every request:", demo.num_free_blocks, "free blocks, 0 leak
 # them in buckets.)
 
 # %% slideshow={"slide_type": "subslide"}
-show_source(kv_cache.gather_kv)
-show_source(kv_cache.view_kv)
+display(show_source(kv_cache.gather_kv))
+display(show_source(kv_cache.view_kv))
 
 # %% slideshow={"slide_type": "fragment"}
 prompts = {"x": list(range(40, 90)), "y": list(range(100, 137))}
@@ -341,7 +344,7 @@ for rid, p in prompts.items():
 # one token; finished requests free their memory; waiting requests are admitted first come,
 # first served while memory allows. Three allocators share 32,768 token slots:
 #
-# - **contiguous, max length**: each request reserves the model's maximum length (2048);
+# - **contiguous, max length**: each request reserves a fixed maximum length of 2048 tokens;
 # - **contiguous, prompt + max_tokens**: each reserves exactly its own worst case, first
 #   fit in a flat arena (so free space can also be cut into holes too small to use);
 # - **paged**: the engine's `BlockManager` with 16-token blocks, growing as tokens arrive.

@@ -126,8 +126,10 @@ assert (kv_mine - kv_full).abs().max() < 1e-12
 
 # %% [markdown]
 # Four chunks of 64 tokens in a fresh paged cache, and the KV agrees with a single
-# full prefill to within $10^{-12}$ (in float64 the scale of one rounding error is
-# $2^{-52} \approx 2 \times 10^{-16}$). It would agree even if the unused slots held
+# full prefill to within $10^{-12}$, the assert's bound (in float64 the scale of one
+# rounding error is $2^{-52} \approx 2 \times 10^{-16}$). It printed 0.0 on the machine that
+# ran it: with the `reference` backend the sums can happen to run in the same order, which
+# section 3's default backend does not promise. It would agree even if the unused slots held
 # garbage from an earlier request: a correct loop never reads a slot it has not written.
 
 # %% slideshow={"slide_type": "fragment"}
@@ -213,8 +215,9 @@ g = torch.Generator().manual_seed(0)
 x, W = torch.randn(64, 512, generator=g), torch.randn(512, 128, generator=g)
 alone, in_batch = x[:1] @ W, (x @ W)[:1]
 gap = (alone - in_batch).abs().max().item()
-# Any order of a K-term sum is within about K * eps * sum|x_k w_k| of the exact value.
-bound = 512 * 2.0**-24 * (x[:1].abs() @ W.abs()).max().item()
+# Any order of a K-term sum is within about K * eps * sum|x_k w_k| of the exact value,
+# so two orders differ by at most twice that.
+bound = 2 * 512 * 2.0**-24 * (x[:1].abs() @ W.abs()).max().item()
 print(f"one row alone vs the same row in a 64-row GEMM (float32): max gap {gap:.2e}, "
       f"worst-case bound {bound:.2e}")
 assert gap <= bound
@@ -295,13 +298,13 @@ for c, tokens in continuations["bfloat16"].items():
 # In float32 the tokens are identical for every chunk size. In bfloat16 they are not
 # guaranteed to be: if two candidate tokens' logits ever come within bf16's rounding step
 # of each other, a different summation order can pick the other one, and from then on the
-# continuations part ways. Whether that happens depends on the machine's order of
-# summation: on the 2-core CPU that ran the previous edition of this chapter all 32
-# tokens agreed (the notebook's history in git); on the one that ran the output above
-# (its CPU has AMX and AVX512-BF16 units) every chunk size tried parts, each at the token
-# printed above, exactly where the whole prefill's top two logits were within a rounding
-# step of each other (there they were tied). That is rounding, the same as running the model on a different GPU.
-# A real bug changes the tokens within a few steps, as we will see.
+# continuations part ways. Whether and where that happens depends on the machine's
+# order of summation, and the output above says it for this one. In the run committed
+# with this notebook the bfloat16 runs part at the token printed, where the whole
+# prefill's top two logits were tied, and it is the *whole* bfloat16 prefill that leaves
+# float32's text there, while every chunked run keeps it. That is rounding, the same as
+# running the model on a different GPU. A real bug changes the tokens within a few
+# steps, as we will see.
 #
 # ## 5. Three classic bugs, one check
 #
@@ -502,7 +505,8 @@ assert all(real_answers["float32", c].output_token_ids == real_answers["float32"
            for c in (32,)), "float32: chunking must not change the greedy text"
 
 # %% [markdown]
-# In float32 the text is identical for every chunk size. In bfloat16 it need not be: the
+# In float32 the text with chunks of 32 is identical to the whole prefill's. In bfloat16
+# it need not be: the
 # continuation of a chunked prefill can part ways with the whole prefill's after some
 # tokens. The output above says whether and where, on this machine. This is what
 # vLLM's users keep reporting: "Chunked prefill vs. non-chunked output is different for a
@@ -534,10 +538,10 @@ for name, m in (("float32", real32), ("bfloat16", real16)):
 # %% [markdown]
 # A flip needs the rounding to move the gap between the two best logits past zero. The
 # largest change anywhere in the vocabulary overstates that: what counts is how far that
-# one gap moved, printed next to it. In float32 it barely moved. In bfloat16, on the
-# machine that ran the output above, chunking moved it by the whole margin: the two
-# logits came out equal, and the greedy pick held only because `argmax` takes the first
-# of equal values. The margin changes from step to step; sooner or later one step is a
+# one gap moved, printed next to it. In float32 it barely moved. In bfloat16 it moves by
+# a sizeable fraction of the margin, far more than in float32 (printed
+# above); whether that flips this step's choice depends on how large the margin happens
+# to be (if the two logits come out equal, `argmax` takes the first). The margin changes from step to step; sooner or later one step is a
 # near-tie, and there a different (equally valid) rounding picks the other token. From then on the two texts condition on different words. If bfloat16
 # diverged above, here is that step:
 
@@ -572,9 +576,10 @@ for c in (FULL, 32):
 
 # %% [markdown]
 # A real chunking bug (section 5) changes the KV by orders of magnitude more than rounding
-# and the text within a few tokens, in float32 too. The bfloat16 divergence is the
-# signature of rounding: none in float32, late and at a near-tie in bfloat16, and of the
-# same kind as the difference between bfloat16 and float32 with no chunking at all.
+# and the text within its first tokens, in float32 too. Rounding behaves differently: no
+# change in float32, and in bfloat16 at most a late flip at a near-tie, of the same kind
+# as the difference between bfloat16 and float32 with no chunking at all (in section 4's
+# model it was the *whole* bfloat16 prefill that left float32's text).
 
 # %% [markdown]
 # ## Takeaways
@@ -583,7 +588,7 @@ for c in (FULL, 32):
 #   its hidden state depends only on tokens at or before it. By induction over chunks and
 #   layers, chunked prefill writes *exactly* the full prefill's cache.
 # - In floats, a different chunking changes the order of sums, so results differ at the
-#   rounding level of the dtype (roughly $10^{-15}$ in float64, $10^{-7}$ relative in
+#   rounding level of the dtype (roughly $10^{-15}$ in float64, $10^{-6}$ relative in
 #   float32, $10^{-2}$ relative in bfloat16; section 3 prints the measured values): here
 #   identical greedy tokens in float32, and in bfloat16 a parting at a near-tie of the
 #   top two logits. That is not a bug.
@@ -592,12 +597,13 @@ for c in (FULL, 32):
 #   causal mask, keys read past **the chunk's own end**, positions restarting at 0.
 # - One check catches all three: chunked vs full KV, with chunks smaller than the prompt.
 #   `tests/test_prefill.py` runs it on random model shapes with hypothesis.
-# - On a real model (SmolLM2-135M) float32 gives the same text for every chunk size; in
+# - On a real model (SmolLM2-135M) float32 gives the same text chunked and whole; in
 #   bfloat16 a near-tie can flip a token, as vLLM's users report (#5952, #9706): rounding
 #   amplified by 30 layers, no more "wrong" than the whole prefill in bfloat16.
 #
 # **Exercises:** `exercises/04_chunked_prefill_is_exact.ipynb`: build the rectangular
-# mask, the chunk boundaries and your own chunked prefill loop, checked against the engine.
+# mask, the chunk boundaries and your own chunked prefill loop, checked against the engine,
+# and find which layer a position bug corrupts first.
 #
 # **Next:** chunking is exact, so what it changes is cost; chapter 5 counts the FLOPs and
 # bytes of a step and predicts its time.

@@ -36,9 +36,13 @@ a100 = hardware.get_hardware("A100-80GB")
 # %% [markdown]
 # ## 1. Counting one step
 #
-# A step is a list of requests `(num_new_tokens, num_cached_tokens)`. Two rules give all
-# the FLOPs: a matmul `[M, K] x [K, N]` costs `2*M*N*K` (a multiply and an add per term),
-# and attention costs one dot product per causal (query, key) pair per head. A chunk of
+# A step is a list of requests `(num_new_tokens, num_cached_tokens)`, or
+# `(num_new_tokens, num_cached_tokens, samples)`: `samples=False` marks a middle chunk of a
+# prompt, which only fills the cache and skips the LM head (a decode or a prompt's last
+# chunk samples, the default). Two rules give all the FLOPs: a matmul `[M, K] x [K, N]`
+# costs `2*M*N*K` (a multiply and an add per term), and attention costs, per causal
+# (query, key) pair and per head, a dot product for the score and a multiply-add per
+# dimension for the weighted sum of values: `4 * head_dim` FLOPs. A chunk of
 # `n` new tokens over `c` cached ones has `n*c + n(n+1)/2` such pairs. Here is a
 # ten-line sketch for one layer:
 
@@ -81,7 +85,8 @@ for label, bandwidth_bytes_s in [("the article's 2 TB/s", 2e12),
 # %% [markdown]
 # The byte count holds exactly (it is 64 MiB, i.e. 67.1 MB, not 64 MB). The article's
 # "32 us" divides 64e6 by 2e12; with the exact bytes it is 33.6 us at 2 TB/s. Either
-# way it is well under 1% of a step that takes milliseconds: the claim that the KV
+# way it is well under 1% of a step that takes tens of milliseconds (the mixed steps
+# predicted later in this chapter): the claim that the KV
 # *write* is negligible holds. What the article leaves out is the KV *re-read*
 # (section 3).
 #
@@ -210,9 +215,9 @@ for name, ratio in pace["chunked_over_whole"].items():
     print(f"rows in chunks of {name[2:]:>3}: x{ratio:.2f} the time per row of 1024-row calls")
 
 # %% [markdown]
-# On a 2-core CPU (two runs) the tiny model's 256-row calls took 11-12% more time per row
-# than its 1024-row ones and its 64-row calls 33-40% more (two other shapes of the bench:
-# 16-19% and 46-58%). That pace, with each step's fixed cost, is what a
+# Here (printed above) the 256-row calls take about a tenth more time per row than the
+# 1024-row ones, and the 64-row calls about a third more or worse; `docs/chunk-cost.md`
+# has the runs of other shapes. That pace, with each step's fixed cost, is what a
 # chunked prefill costs beyond a whole one there: `python -m minillm bench chunk-cost`
 # measures both, adds them up and compares with the chunk steps it times
 # (`docs/chunk-cost.md`). On a GPU the same effect shows as tiles and SMs left idle by small
@@ -278,10 +283,9 @@ plt.show()
 # A decode batch does ~25 FLOPs per byte: an A100 (ridge ~150) runs it at a sixth of its
 # peak at best, waiting on memory. A 512-token chunk is past every GPU ridge. Putting the
 # decodes in the chunk's step adds their tokens almost for free: the weights are read once
-# for all of them. This machine's ridge, fitted to its real steps, is far lower (the line
-# printed above; on the reference 2-core machine about 300 GFLOP/s against 17 GB/s, a
-# ridge near 18 FLOPs per byte, the fit folding each step's fixed costs into the
-# bandwidth). A float32 step does about T/2 FLOPs per byte of weights read for its T
+# for all of them. This machine's ridge, fitted to its real steps, is far lower (printed
+# above: a few hundred GFLOP/s against a few tens of GB/s, a ridge of some 15-20 FLOPs per
+# byte, the fit folding each step's fixed costs into the bandwidth). A float32 step does about T/2 FLOPs per byte of weights read for its T
 # tokens, so here a step turns compute-bound after a few dozen tokens: the reason the CPU
 # chapters see a chunk's time grow with nearly every token, while a decode step costs
 # about what streaming the weights once does.
@@ -343,7 +347,7 @@ for chunk in (128, 512, 2048):
     assert mixed_s < 0.5 * flops_ratio * decode_step_s
 
 # %% [markdown]
-# The formula overstates a mixed step 3 to 6 times here: the decodes' step is not a unit
+# The formula overstates a mixed step 3 to 6.5 times here: the decodes' step is not a unit
 # of compute but a weight read, which the chunk shares. A better rule of thumb
 # on a GPU is `step(C+N) ≈ max(weight read, FLOPs(C+N) / sustained FLOP/s)` plus
 # overheads, which is what the cost model refines.
@@ -451,13 +455,12 @@ assert measured_peak_bytes["chunk 256 over 768"] < measured_peak_bytes["full 102
 # The chunk's peak is a fraction of the full prefill's. The formula assumes a fused
 # attention kernel that never stores the score matrix and counts the MLP's intermediates,
 # the largest tensors alive; both measurements sit about a tenth above it (the kernel's
-# scratch and small temporaries). An earlier version of the engine measured about twice
-# the estimate for the chunk: it gave SDPA the chunk's explicit bottom-right mask, built
-# as booleans `[group x n, m]` (the GQA group folded into the rows), and SDPA turned it
-# into an additive float mask of the same shape. The sdpa backend now splits the chunk's
-# attention (chapter 1, section 5: no mask over the cached prefix, `is_causal` on the
-# chunk's own square) and builds no mask at all, so the chunk's estimate is as good as the
-# full prefill's. What the mask would have added:
+# scratch and small temporaries). Had the sdpa backend given SDPA the chunk's explicit
+# bottom-right mask (booleans `[group x n, m]`, the GQA group folded into the rows, which
+# SDPA turns into an additive float mask of the same shape), the chunk's peak would nearly
+# double. Instead it splits the chunk's attention (chapter 1, section 5: no mask over the
+# cached prefix, `is_causal` on the chunk's own square) and builds no mask at all, so the
+# chunk's estimate is as good as the full prefill's. What the mask would have added:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -518,7 +521,7 @@ for backend in ("reference", "sdpa"):
 #
 # ## Takeaways
 #
-# 1. A step's FLOPs are `2*M*N*K` per GEMM plus one dot product per causal pair; chunking
+# 1. A step's FLOPs are `2*M*N*K` per GEMM plus `4 * head_dim` per causal pair and head; chunking
 #    never changes their sum (same integer for every chunk size).
 # 2. A decode batch does few FLOPs per byte (~25 for 32 decodes, section 4) and is bound
 #    by reading the weights (a 7B model's decode takes at least 6.6 ms on an A100-80GB,

@@ -47,7 +47,7 @@ print("device for the real engine:", minillm.default_device())
 # it takes. So a simulator needs only a second executor: one that looks at the step's
 # shape, one `(num_new_tokens, num_cached_tokens)` pair per request, asks the cost model
 # how long such a step takes on the chosen GPU, and moves a virtual clock by that much.
-# Here it is, from `minillm/simulator.py`:
+# Here it is, from `minillm/sim/simulator.py`:
 
 # %% slideshow={"slide_type": "subslide"}
 show_source(CostModelExecutor, "def execute", "return tokens, seconds")
@@ -221,8 +221,9 @@ assert knee in lab.CHUNK_SIZES and (pick is None or LOAD.capacity_slo().met_by(b
 # ### 3.2 Capacity by policy: what each engine's default buys
 #
 # A service asks a sharper question: **how many requests per second can this GPU take
-# while meeting the SLOs?** `minillm.sim.capacity` answers it by bisection over the rate
-# (the same seeded requests at each rate, only the arrivals move). The lab computes it per
+# while meeting the SLOs?** `minillm.sim.capacity` answers it by bisection over a grid of
+# rates that doubles (0.25 to 64 req/s: a capacity of 4 means 4 passed and 8 failed; the
+# same seeded requests at each rate, only the arrivals move). The lab computes it per
 # policy and chunk size, for the policies real engines run by default: vLLM V1 (the running
 # requests first, which are the decodes and at most the one prompt left mid-chunk, then
 # waiting prompts, until `max_num_batched_tokens` is spent: `Scheduler.schedule` in
@@ -251,8 +252,8 @@ lab.lab_figure(LOAD)
 # into chunks, but the chunks run back to back in prefill-only steps while every decode
 # waits, so the decodes still see a gap as long as the whole prompt
 # (`tests/test_scheduler.py` checks it step by step). Only mixing chunks with the decodes
-# (stall-free batching) keeps every gap at one step of C + N tokens. Read the table with
-# section 4's warning in mind: the SLO here is on the P99 of *all* gaps, and when stalls
+# (stall-free batching) keeps every gap at one step of C + N tokens. Keep in mind
+# (section 4 shows it on one prompt) that the SLO here is on the P99 of *all* gaps, and when stalls
 # are rare they fall under the P99, so a policy that stalls can still pass; the worst gap
 # would not. How far to trust the numbers: every probe serves `lab.LOAD_REQUESTS` (128)
 # Poisson arrivals. Fewer make it a burst with every request in flight at once (a chat
@@ -582,7 +583,8 @@ order = [2**30 if c == figures.OFF else c for c in (recommended["A100-80GB"][50]
 assert order[0] <= order[1]                         # a faster GPU affords bigger chunks
 
 # %% [markdown]
-# A faster GPU affords bigger chunks for the same target. Llama-3-8B prefill chunks, as
+# A faster GPU affords bigger chunks for the same target ("off": on that GPU even an
+# unchunked 2048-token prefill meets the target). Llama-3-8B prefill chunks, as
 # the cost model times them:
 
 # %%
@@ -661,7 +663,9 @@ figures.plot_roofline("llama-3-8b", "A100-80GB")
 # for reading the K/V cache: on a CPU a decode reads it through chapter 1's small paged
 # kernel (or, where that is not built, a gather and then torch's fused kernel), neither
 # near the machine's peak for one query row, so a decode over a long context costs more
-# than its bytes at the weights' bandwidth would say. A small sweep keeps this cell to a few seconds; `python
+# than its bytes at the weights' bandwidth would say. (If the fit finds attention no
+# slower per FLOP than the GEMMs, it merges the two rates, so the attention rate printed
+# below may equal the GEMMs'.) A small sweep keeps this cell to a few seconds; `python
 # -m minillm bench simulator` runs the full one. Timings depend on the machine and on what
 # else runs on it, so the numbers below change from run to run.
 
@@ -734,4 +738,5 @@ if minillm.default_device().type == "cpu":
 #   boundaries.
 #
 # **Exercises:** `exercises/07_the_lab.ipynb`: choose a chunk size for an SLO, count the
-# steps of a chunked prefill and predict its TTFT, and find the goodput of a policy.
+# steps of a chunked prefill and predict its TTFT, find the goodput of a policy, and
+# compute the fastest a decode step can be.

@@ -297,9 +297,12 @@ for name in names[1:]:
     assert engine_rows[name][0] < engine_rows[names[0]][0]
 
 # %% [markdown]
-# The price is the long prompt's: its chunks now share steps with the short ones, so it
-# needs more steps, and each of its steps reads its growing cached prefix again
-# (chapter 5). Chunking never changed any token (`tests/test_partial_prefills.py` checks
+# The price is the long prompt's, and it comes from the cap more than from the short
+# prompts: the threshold limits the long prompt to 256 tokens in *every* step, also after
+# the eight short prompts (512 tokens in all) are done, so its 8000 tokens take 32 steps
+# instead of 16, each paying the weight read and the step's overhead and reading its
+# growing cached prefix again (chapter 5). With partial prefills on and the threshold
+# left at 0, the threshold becomes 4% of the 8192-token context, 327 tokens. Chunking never changed any token (`tests/test_partial_prefills.py` checks
 # greedy outputs with and without the knobs).
 #
 # ## 3. Chunked prefill or disaggregated prefill?
@@ -321,7 +324,10 @@ show_source(disagg._serve_decodes)
 # Two A100-80GBs serve Llama-3-8B: **aggregated**, two replicas with chunks of 512; or
 # **disaggregated**, one prefill and one decode GPU, the KV moved at 25 GB/s (one 200 Gb/s
 # port; a 2048-token prompt's 256 MiB take ~11 ms). Chat-like requests (prompts 512-2048,
-# outputs 64-256 tokens) arrive as a Poisson process; we sweep the rate.
+# outputs 64-256 tokens) arrive as a Poisson process; we sweep the rate. Goodput here is
+# DistServe's: the highest rate of the sweep at which at least 90% of requests meet both
+# SLOs, not chapter 7's count of good requests per second in one run; a layout that
+# passes at the sweep's top rate may take more.
 
 # %%
 rates = [3, 6, 9, 12]
@@ -383,9 +389,9 @@ print(f"output tokens/s on 2 GPUs: aggregated {thr['aggregated']:.0f}, disaggreg
 assert thr["disaggregated"] <= thr["aggregated"]
 
 # %% [markdown]
-# Confirmed here: the prefill GPU idles while decodes pile up on the other (or the
-# reverse), while aggregated replicas keep both kinds of work on every GPU. Disaggregation
-# buys latency control, not tokens per second.
+# Confirmed here (the assert above). With one GPU per phase, one of them waits whenever
+# the mix of work does not match the 1:1 split, while aggregated replicas keep both kinds
+# of work on every GPU. Disaggregation buys latency control, not tokens per second.
 #
 # ## Takeaways
 #
@@ -399,7 +405,8 @@ assert thr["disaggregated"] <= thr["aggregated"]
 #   `long_prefill_token_threshold` (and V0's partial prefills, not in V1) let them through
 #   in a few steps, and the long prompt pays with a longer TTFT.
 # * At equal GPU count, aggregation (chunked prefill) wins tight-TTFT goodput and
-#   disaggregation tight-TPOT goodput; neither raises throughput.
+#   disaggregation tight-TPOT goodput; disaggregation does not raise throughput (here it
+#   gave less).
 #
 # **Exercises:** `exercises/08_chunked_prefill_in_a_server.ipynb`: chain block hashes, count
 # the tokens a cached prompt still computes, plan a step under the long-prefill cap, and
