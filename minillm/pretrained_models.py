@@ -63,6 +63,28 @@ def cache_dir(name: str, path: Path) -> Path:
     return root / f"{name}-{stat.st_size}-{stat.st_mtime_ns}-v{CACHE_FORMAT}"
 
 
+def remove_older_caches(folder: Path) -> list[Path]:
+    """Delete the caches of the same model made from an older install of its package.
+
+    The cache is named after the GGUF file's size and modification time, so
+    every reinstall (a new virtual environment, `make clean`) writes a new
+    ~0.5 GB copy; the old ones would pile up. Only strictly older installs
+    go: two environments in use side by side rebuild at most once each.
+    """
+    import shutil
+
+    name, _, mtime, _ = folder.name.rsplit("-", 3)
+    removed = []
+    for other in folder.parent.glob(f"{name}-*"):
+        parts = other.name.rsplit("-", 3)
+        if (other != folder and len(parts) == 4 and parts[0] == name and parts[2].isdigit()
+                and parts[3][:1] == "v" and parts[3][1:].isdigit()      # not a staging folder
+                and int(parts[2]) < int(mtime) and other.is_dir()):
+            shutil.rmtree(other, ignore_errors=True)
+            removed.append(other)
+    return removed
+
+
 def pretrained(name: str = "smollm2-135m-instruct", dtype=torch.float32, device=None,
                backend: str = "sdpa") -> tuple[LlamaModel, Tokenizer]:
     """(model, tokenizer) of a packaged pretrained model, e.g.
@@ -79,6 +101,7 @@ def pretrained(name: str = "smollm2-135m-instruct", dtype=torch.float32, device=
     state = gguf_state_dict(reader, cfg, path)
     tokenizer = Tokenizer.from_gguf(reader)
     _write_cache(cache_dir(name, path), cfg, state, tokenizer)
+    remove_older_caches(cache_dir(name, path))
     return model_from_state_dict(cfg, state, path, dtype, device, backend), tokenizer
 
 

@@ -139,3 +139,21 @@ def test_an_unsupported_quant_type_is_refused_before_anything_is_dequantized(tmp
     with pytest.raises(ValueError, match=r"m\.gguf.*'blk\.1\.ffn_down\.weight'.*Q5_0.*Q4_1"):
         minillm.load_gguf(path)
     assert calls == []
+
+
+def test_a_reinstall_removes_the_caches_of_older_installs_only(tmp_path):
+    from minillm.pretrained_models import remove_older_caches
+
+    def folder(name):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "done").write_text("ok")
+        return tmp_path / name
+
+    older = folder("smollm2-135m-instruct-98362432-100-v1")
+    current = folder("smollm2-135m-instruct-98362432-200-v1")
+    newer = folder("smollm2-135m-instruct-98362432-300-v1")         # another environment, newer install
+    other_model = folder("qwen-0.5b-5000-50-v1")
+    staging = folder("smollm2-135m-instruct-98362432-150-v1.tmp4242")  # another process writing
+    assert remove_older_caches(current) == [older]
+    assert not older.exists()
+    assert all(p.exists() for p in (current, newer, other_model, staging))
