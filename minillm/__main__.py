@@ -6,7 +6,7 @@ import sys
 USAGE = """usage: python -m minillm COMMAND [options]
 
 commands:
-  bench [chunk-cost|interference|hf|hf-real|simulator|memory|lab|capacity|prefix-cache|partial-prefills|all]
+  bench [chunk-cost|interference|hf|hf-real|simulator|memory|lab|capacity|prefix-cache|partial-prefills|steps|all]
         [--out DIR]                                    benchmarks on this device
   figures [--out DIR]                                  regenerate the README's figures
   grade [NOTEBOOK.ipynb | FOLDER ...]                  run exercise notebooks, print the grades

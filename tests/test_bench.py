@@ -123,3 +123,10 @@ def test_tables_fit_their_longest_cell_text_left_numbers_right():
     assert len({len(header), len(rule), *map(len, lines)}) == 1          # every line as wide
     assert lines[1].startswith("prefill 256 ") and lines[1].endswith("  5.0")
     assert header.index("time (ms)") > len(rows[0]["step"])              # no cell runs into the next
+
+
+def test_the_command_line_usage_lists_every_bench():
+    from minillm.__main__ import USAGE
+
+    listed = USAGE.split("bench [", 1)[1].split("]", 1)[0].split("|")
+    assert listed == list(bench.BENCH_COMMANDS)

@@ -56,6 +56,11 @@ def _table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
     return "\n".join(lines)
 
 
+# What `python -m minillm bench WHICH` runs (the usage line of __main__.py lists them too).
+BENCH_COMMANDS = ("chunk-cost", "interference", "hf", "hf-real", "simulator", "memory", "lab", "capacity",
+                  "prefix-cache", "partial-prefills", "steps", "all")
+
+
 # The speed targets hold on every Llama shape, not one preset: the built-in
 # tiny model (8 query heads sharing 2 KV heads, head_dim 64) and two others
 # with other head counts and GQA ratios.
@@ -606,9 +611,7 @@ def main(argv: list[str]) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m minillm bench")
-    parser.add_argument("which", choices=["chunk-cost", "interference", "hf", "hf-real", "simulator", "memory",
-                                          "lab", "capacity", "prefix-cache", "partial-prefills", "steps", "all"],
-                        nargs="?", default="all")
+    parser.add_argument("which", choices=BENCH_COMMANDS, nargs="?", default="all")
     parser.add_argument("--out", default="bench-results", help="folder for the JSON results and figures")
     parser.add_argument("--shape", choices=sorted(BENCH_SHAPES) + [REAL_MODEL, "all"], default="tiny",
                         help="model shape for chunk-cost, interference, hf and steps ('all': each in turn)")
