@@ -3,7 +3,7 @@
 The weights come from a Python package that ships a GGUF file (no download
 at run time). Parsing and dequantizing the GGUF takes seconds, so the first
 load also writes the float32 weights and the built tokenizer to a cache
-(~/.cache/minillm, or $MINILLM_CACHE); later loads read the cache in about
+(~/.cache/minillm, or $MINILLM_CACHE_DIR); later loads read the cache in about
 a second. The cache is keyed by the GGUF file's size and modification time.
 """
 from __future__ import annotations
@@ -57,8 +57,15 @@ def gguf_path(name: str) -> Path:
     return path
 
 
+def cache_root() -> Path:
+    """minillm's cache folder, for models and calibrations alike: $MINILLM_CACHE_DIR
+    ($MINILLM_CACHE, its older name for the model cache, still works) or ~/.cache/minillm."""
+    chosen = os.environ.get("MINILLM_CACHE_DIR") or os.environ.get("MINILLM_CACHE")
+    return Path(chosen) if chosen else Path.home() / ".cache" / "minillm"
+
+
 def cache_dir(name: str, path: Path) -> Path:
-    root = Path(os.environ.get("MINILLM_CACHE") or Path.home() / ".cache" / "minillm")
+    root = cache_root()
     stat = path.stat()
     return root / f"{name}-{stat.st_size}-{stat.st_mtime_ns}-v{CACHE_FORMAT}"
 

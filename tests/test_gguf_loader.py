@@ -157,3 +157,15 @@ def test_a_reinstall_removes_the_caches_of_older_installs_only(tmp_path):
     assert remove_older_caches(current) == [older]
     assert not older.exists()
     assert all(p.exists() for p in (current, newer, other_model, staging))
+
+
+def test_models_and_calibrations_share_one_cache_folder_named_by_one_variable(monkeypatch, tmp_path):
+    from minillm.pretrained_models import cache_root
+    from minillm.sim import hardware
+
+    monkeypatch.delenv("MINILLM_CACHE", raising=False)
+    monkeypatch.setenv("MINILLM_CACHE_DIR", str(tmp_path / "a"))
+    assert cache_root() == hardware.cache_dir() == tmp_path / "a"
+    monkeypatch.delenv("MINILLM_CACHE_DIR")
+    monkeypatch.setenv("MINILLM_CACHE", str(tmp_path / "b"))              # the model cache's older name
+    assert cache_root() == hardware.cache_dir() == tmp_path / "b"

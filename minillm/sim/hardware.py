@@ -23,7 +23,6 @@ Datasheets (dense, no sparsity; bf16 = the Tensor Core BF16 figure):
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -140,8 +139,9 @@ _CALIBRATED: dict[tuple, Hardware] = {}
 
 
 def cache_dir() -> Path:
-    """Where calibrations are kept: $MINILLM_CACHE_DIR or ~/.cache/minillm."""
-    return Path(os.environ.get("MINILLM_CACHE_DIR") or Path.home() / ".cache" / "minillm")
+    """Where calibrations are kept: minillm's cache folder (pretrained_models.cache_root)."""
+    from ..pretrained_models import cache_root
+    return cache_root()
 
 
 def _calibration_key(device, dtype, shapes, statistic, cache_path):
