@@ -6,7 +6,7 @@ import pytest
 
 from minillm import prefix_cache
 from minillm.grading import ch08
-from minillm.prefix_cache import ROOT_HASH, hash_block
+from minillm.prefix_cache import ROOT_HASH, block_hashes, hash_block, max_cached_tokens
 from minillm.sim.disaggregation import highest_rate_meeting
 
 SOLUTION = Path(__file__).resolve().parents[1] / "exercises" / "solutions" / "src" / "08_chunked_prefill_in_a_server.py"
@@ -53,3 +53,30 @@ def fcfs_without_cap(lens, chunk_size, threshold):
 def test_shortcuts_fail(checker, shortcut):
     with pytest.raises(AssertionError):
         checker(shortcut, seed=1)
+
+
+@pytest.mark.parametrize("checker, imported_by_name", [
+    # the chapter imports these by name; a learner who does the same calls the engine
+    (ch08.check_chain_hashes, lambda t, bs: block_hashes(t, bs)),
+    (ch08.check_tokens_to_compute, lambda p, c, bs: p - min(c * bs, max_cached_tokens(p, bs))),
+])
+def test_engine_functions_imported_by_name_are_refused_too(checker, imported_by_name):
+    with pytest.raises(AssertionError, match="engine's own answer"):
+        checker(imported_by_name, seed=1)
+
+
+def test_a_hash_for_the_partial_last_block_is_named(capsys):
+    def with_partial(tokens, block_size):
+        hashes, parent = [], ROOT_HASH
+        for i in range(0, len(tokens), block_size):
+            parent = hash_block(parent, tokens[i:i + block_size])
+            hashes.append(parent)
+        return hashes
+    with pytest.raises(AssertionError):
+        ch08.check_chain_hashes(with_partial, seed=1)
+    assert "partial last block gets no hash" in capsys.readouterr().out
+
+
+def test_the_checkers_return_true_and_say_so(solution, capsys):
+    assert ch08.check_goodput_rate(solution.goodput, seed=5) is True
+    assert capsys.readouterr().out.startswith("✓")

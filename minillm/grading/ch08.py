@@ -7,7 +7,6 @@ switched off while the learner's function runs.
 """
 from __future__ import annotations
 
-import contextlib
 import random
 
 from .. import prefix_cache
@@ -15,36 +14,19 @@ from ..kv_cache import BlockManager
 from ..request import Request, SamplingParams
 from ..scheduler import Scheduler, SchedulerConfig
 from ..sim.disaggregation import highest_rate_meeting
-from ._common import learner_call
+from ._common import fail as _fail, learner_call, passed
 
 __all__ = ["check_chain_hashes", "check_tokens_to_compute", "check_plan_prefill_step", "check_goodput_rate"]
 
-
-def _fail(message: str):
-    print("Not yet: " + message)
-    raise AssertionError(message)
-
-
-@contextlib.contextmanager
-def _without(module, *names):
-    """Make module.<name> raise while the learner's code runs: write your own."""
-    saved = {n: getattr(module, n) for n in names}
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("this exercise asks you to write it yourself, not to call the engine's version")
-    try:
-        for n in names:
-            setattr(module, n, refuse)
-        yield
-    finally:
-        for n, f in saved.items():
-            setattr(module, n, f)
+_HASHES = ("minillm.prefix_cache.block_hashes",)
+_CACHED = ("minillm.prefix_cache.max_cached_tokens",
+           "minillm.prefix_cache.PrefixCachingBlockManager.claim_cached_prefix")
 
 
 # ---------------------------------------------------------------------------
 # 1. Chained block hashes
 # ---------------------------------------------------------------------------
-def check_chain_hashes(chain_hashes, num_cases: int = 200, seed: int | None = None):
+def check_chain_hashes(chain_hashes, seed: int | None = None, num_cases: int = 200):
     """chain_hashes(token_ids, block_size) -> list of bytes, vLLM's scheme."""
     rng = random.Random(seed)
     for case in range(num_cases):
@@ -54,15 +36,21 @@ def check_chain_hashes(chain_hashes, num_cases: int = 200, seed: int | None = No
         if case % 3 == 0:                       # the same block twice: only a chain tells them apart
             tokens = block + block + tokens
         expected = prefix_cache.block_hashes(tokens, block_size)
-        with _without(prefix_cache, "block_hashes"):
-            got = chain_hashes(list(tokens), block_size)
-        if list(got) != expected:
-            _fail(f"for {len(tokens)} tokens in blocks of {block_size} you returned {len(list(got))} hashes, "
-                  f"expected {len(expected)}" + ("" if len(list(got)) != len(expected) else
-                  f"; the first wrong one is block {next(i for i, (a, b) in enumerate(zip(got, expected)) if a != b)}"
-                  " (each block's parent is the previous block's hash; the first block's is ROOT_HASH; "
-                  "a partial last block gets no hash)"))
-    print(f"chain_hashes: {num_cases} random prompts hash as the engine's prefix cache does")
+        got = list(learner_call(chain_hashes, list(tokens), block_size, forbidden=_HASHES,
+                                why="chain hash_block yourself, block by block."))
+        if got != expected:
+            if len(got) == len(expected) + 1:
+                why = ("; a partial last block gets no hash: loop over the len(token_ids) // block_size "
+                       "full blocks only")
+            elif len(got) != len(expected):
+                why = ""
+            else:
+                first = next(i for i, (a, b) in enumerate(zip(got, expected)) if a != b)
+                why = (f"; the first wrong one is block {first} (each block's parent is the previous block's "
+                       "hash; the first block's is ROOT_HASH)")
+            _fail(f"for {len(tokens)} tokens in blocks of {block_size} you returned {len(got)} hashes, "
+                  f"expected {len(expected)}{why}")
+    return passed(f"chain_hashes: {num_cases} random prompts hash as the engine's prefix cache does")
 
 
 # ---------------------------------------------------------------------------
@@ -83,7 +71,7 @@ def engine_tokens_to_compute(prompt_len: int, cached_blocks: int, block_size: in
     return prompt_len - bm.claim_cached_prefix(Request("new", prompt, SamplingParams(), 0.0))
 
 
-def check_tokens_to_compute(tokens_to_compute, num_cases: int = 300, seed: int | None = None):
+def check_tokens_to_compute(tokens_to_compute, seed: int | None = None, num_cases: int = 300):
     """tokens_to_compute(prompt_len, cached_blocks, block_size) -> prompt tokens the step computes."""
     rng = random.Random(seed)
     for case in range(num_cases):
@@ -92,13 +80,13 @@ def check_tokens_to_compute(tokens_to_compute, num_cases: int = 300, seed: int |
         full = prompt_len // block_size
         cached_blocks = full if case % 3 == 0 else rng.randint(0, full)     # whole prompt cached, often
         expected = engine_tokens_to_compute(prompt_len, cached_blocks, block_size)
-        with _without(prefix_cache, "max_cached_tokens"):
-            got = tokens_to_compute(prompt_len, cached_blocks, block_size)
+        got = learner_call(tokens_to_compute, prompt_len, cached_blocks, block_size, forbidden=_CACHED,
+                           why="work it out from the rule.")
         if got != expected:
             _fail(f"prompt of {prompt_len} tokens, blocks of {block_size}, its first {cached_blocks} blocks cached: "
                   f"you said {got} tokens to compute, the engine computes {expected} (a hit covers whole blocks "
                   "and never the prompt's last token)")
-    print(f"tokens_to_compute: {num_cases} random prompts agree with the engine's prefix cache")
+    return passed(f"tokens_to_compute: {num_cases} random prompts agree with the engine's prefix cache")
 
 
 # ---------------------------------------------------------------------------
@@ -116,7 +104,7 @@ def engine_plan_prefill_step(prompt_lens, chunk_size: int, threshold: int) -> li
     return [got.get(i, 0) for i in range(len(prompt_lens))]
 
 
-def check_plan_prefill_step(plan_prefill_step, num_cases: int = 300, seed: int | None = None):
+def check_plan_prefill_step(plan_prefill_step, seed: int | None = None, num_cases: int = 300):
     """plan_prefill_step(prompt_lens, chunk_size, threshold) -> tokens per prompt in this step."""
     rng = random.Random(seed)
     for _ in range(num_cases):
@@ -131,13 +119,13 @@ def check_plan_prefill_step(plan_prefill_step, num_cases: int = 300, seed: int |
             _fail(f"prompts {prompt_lens}, chunk_size {chunk_size}, long_prefill_token_threshold {threshold}: "
                   f"you planned {list(got)}, the scheduler plans {expected} (first come first served, no prompt "
                   "above the threshold per step when it is > 0, the rest of the chunk to the next prompts)")
-    print(f"plan_prefill_step: {num_cases} random queues planned as the engine's scheduler plans them")
+    return passed(f"plan_prefill_step: {num_cases} random queues planned as the engine's scheduler plans them")
 
 
 # ---------------------------------------------------------------------------
 # 4. DistServe's goodput
 # ---------------------------------------------------------------------------
-def check_goodput_rate(goodput, num_cases: int = 300, seed: int | None = None):
+def check_goodput_rate(goodput, seed: int | None = None, num_cases: int = 300):
     """goodput(attainment_by_rate, target) -> the highest rate before attainment first drops below target."""
     rng = random.Random(seed)
     for _ in range(num_cases):
@@ -152,4 +140,4 @@ def check_goodput_rate(goodput, num_cases: int = 300, seed: int | None = None):
         if got != expected:
             _fail(f"attainment by rate {attainment}, target {target}: you said {got}, expected {expected} "
                   "(scan rates upward, stop at the first that misses the target; 0.0 if the lowest misses)")
-    print(f"goodput: {num_cases} random sweeps agree with the disaggregation module")
+    return passed(f"goodput: {num_cases} random sweeps agree with the disaggregation module")
