@@ -187,6 +187,14 @@ def goodput(outputs, ttft_slo_s, tpot_slo_s):
     return len(good) / span
 
 
+def _ttft_then_size(row):
+    return row["long_ttft_s"], math.inf if row["chunk_size"] == "off" else row["chunk_size"]
+
+
+def _span(outputs):
+    return max(o.metrics.finish_time for o in outputs) - min(o.metrics.arrival_time for o in outputs)
+
+
 def decode_floor(cfg, hw, dtype_bytes=2):
     return cfg.num_parameters() * dtype_bytes / hw.mem_bandwidth_bytes_s
 
@@ -346,8 +354,11 @@ CASES = {
         ("lab", lambda rows, slo: _ref07().pick_chunk_size(rows, slo), "engine's own answer"),
         ("smallest_gap", lambda rows, slo: min(rows, key=lambda r: r["itl_max_s"])["chunk_size"] if
          any(r["itl_max_s"] * 1e3 <= slo for r in rows) else None, "smallest gap"),
-        ("no_filter", lambda rows, slo: min(rows, key=lambda r: r["long_ttft_s"])["chunk_size"] if rows else None,
+        ("no_filter", lambda rows, slo: min(rows, key=_ttft_then_size)["chunk_size"] if rows else None,
          "filter first"),
+        ("no_tie_break", lambda rows, slo: min((r for r in rows if r["itl_max_s"] * 1e3 <= slo),
+                                              key=lambda r: r["long_ttft_s"], default={"chunk_size": None})
+         ["chunk_size"], "tie-break"),
     ]),
     "check_expected_ttft": (expected_ttft, [
         ("simulator", lambda *a: _ref07().engine_long_ttft(*a), "engine's own answer"),
@@ -359,6 +370,10 @@ CASES = {
     "check_goodput": (goodput, [
         ("summarize", lambda o, a, b: minillm.metrics.summarize(o, a, b)["goodput_req_s"], "engine's own answer"),
         ("throughput", lambda o, a, b: goodput(o, math.inf, math.inf), "meeting both SLOs"),
+        ("span_from_zero", lambda o, a, b: goodput(o, a, b) * _span(o) / max(x.metrics.finish_time for x in o),
+         "starts at 0"),
+        ("one_token_fails", lambda o, a, b: sum(x.metrics.ttft <= a and x.metrics.tpot is not None
+                                                 and x.metrics.tpot <= b for x in o) / _span(o), "1-token"),
     ]),
     "check_decode_floor": (decode_floor, [
         ("bf16_always", lambda cfg, hw, d=2: decode_floor(cfg, hw, 2), "bytes"),
