@@ -98,6 +98,15 @@ def chunked_prefill(model, token_ids, chunk_size, block_size=16, positions_from_
     return cache.gather(table, T)
 
 
+def _layer_errors(model, token_ids, kv):
+    full = minillm.prefill_kv(model, token_ids)[0]
+    return [(kv[layer] - full[layer]).abs().max().item() for layer in range(model.cfg.num_layers)]
+
+
+def position_bug_errors(model, token_ids, chunk_size):
+    return _layer_errors(model, token_ids, chunked_prefill(model, token_ids, chunk_size, positions_from_zero=True))
+
+
 def layer_flops(cfg, n, c):
     d, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
     gemm = 2 * n * d * (q + 2 * kv) + 2 * n * q * d + 4 * n * d * inter + 2 * n * inter * d
@@ -219,6 +228,7 @@ CASES = {
             q.transpose(0, 1), repeat_kv(k, q.shape[1]).transpose(0, 1), repeat_kv(v, q.shape[1]).transpose(0, 1),
             attn_mask=mask(q.shape[0], k.shape[0])).transpose(0, 1), "engine's own answer"),
         ("no_scale", lambda q, k, v: attention(q * math.sqrt(q.shape[-1]), k, v), "sqrt(head_dim)"),
+        ("strict_mask", lambda q, k, v: _strict_mask_attention(q, k, v), "NaN"),
         ("top_left", lambda q, k, v: reference_attention(q.clone(), k, v, align="top_left") if False else
          _top_left_attention(q, k, v), "top-left"),
         ("tiled_heads", lambda q, k, v: attention(q, k.repeat(1, q.shape[1] // k.shape[1], 1),
@@ -231,6 +241,7 @@ CASES = {
         ("engine", lambda *a: merge_attention(*a), "engine's own answer"),
         ("average", lambda oa, la, ob, lb: ((oa + ob) / 2, torch.logaddexp(la, lb)), "average"),
         ("max_lse", lambda oa, la, ob, lb: (merge(oa, la, ob, lb)[0], torch.maximum(la, lb)), "max(lse_a, lse_b)"),
+        ("naive_lse", lambda oa, la, ob, lb: _naive_merge(oa, la, ob, lb), "overflows"),
     ]),
     "check_rms_norm": (rms_norm, [
         ("engine", lambda x, w, eps: _engine_rms(x, w, eps), "engine's own answer"),
@@ -261,8 +272,9 @@ CASES = {
     "check_slot_mapping": (slot_mapping, [
         ("engine", lambda t, s, e, b: _engine_slots(t, s, e, b), "engine's own answer"),
         ("ignores_table", lambda t, s, e, b: list(range(s, e)), "block_table[p // block_size]"),
+        ("one_too_many", lambda t, s, e, b: slot_mapping(t, s, e, b) + [0], "end is excluded"),
         ("off_by_one", lambda t, s, e, b: slot_mapping(t, s, e + 1, b) if e < len(t) * b else slot_mapping(t, s, e, b)[:-1],
-         "block_table[p // block_size]"),
+         "one per position"),
     ]),
     "check_gather_kv": (gather_kv, [
         ("engine", lambda c, t, n: _engine_gather(c, t, n), "engine's own answer"),
@@ -274,10 +286,13 @@ CASES = {
         ("k_only", lambda cfg, n, b, d: fit(cfg, 2 * n, b, d), "K only"),
         ("query_heads", lambda cfg, n, b, d: n // (b * 2 * cfg.num_layers * cfg.num_heads * cfg.head_dim * d),
          "query heads"),
+        ("derived_head_dim", lambda cfg, n, b, d: n // (b * 2 * cfg.num_layers * cfg.num_kv_heads
+                                                        * (cfg.hidden_size // cfg.num_heads) * d), "head_dim"),
     ]),
     "check_chunk_mask": (mask, [
         ("engine", lambda q, k: causal_mask(q, k), "engine's own answer"),
         ("top_left", lambda q, k: torch.ones(q, k).tril().bool(), "TOP-LEFT"),
+        ("int_mask", lambda q, k: mask(q, k).int(), "torch.bool"),
     ]),
     "check_chunk_bounds": (bounds, [
         ("overruns", lambda n, c: [(s, s + c) for s in range(0, n, c)], "past num_tokens"),
@@ -291,6 +306,12 @@ CASES = {
         ("one_pass", lambda m, t, c: chunked_prefill(m, t, len(t)), "forward pass"),
         ("positions_from_zero", lambda m, t, c: chunked_prefill(m, t, c, positions_from_zero=True), "absolute"),
         ("no_cache", lambda m, t, c: chunked_prefill(m, t, c, cached=False), "cached_lens"),
+    ]),
+    "check_position_bug_errors": (position_bug_errors, [
+        ("hard_coded", lambda m, t, c: [1.0, 1.0] if c < len(t) else [0.0, 0.0], "restarting at 0"),
+        ("one_max", lambda m, t, c: [max(position_bug_errors(m, t, c))], "one error per layer"),
+        ("no_bug", lambda m, t, c: _layer_errors(m, t, chunked_prefill(m, t, c)), "restarting at 0"),
+        ("engine_full", lambda m, t, c: _layer_errors(m, t, minillm.prefill_kv(m, t)[0]), "restarting at 0"),
     ]),
     "check_layer_flops": (layer_flops, [
         ("engine", lambda cfg, n, c: step_cost(cfg, [(n, c, False)]).flops // cfg.num_layers, "engine's own answer"),
@@ -391,6 +412,21 @@ def _skips_big_prompt(decoding, prefilling, chunk_size, token_budget):
             plan.append((rid, tokens_left))
             left -= tokens_left
     return plan
+
+
+def _naive_merge(out_a, lse_a, out_b, lse_b):
+    lse = torch.log(torch.exp(lse_a) + torch.exp(lse_b))
+    return out_a * (lse_a - lse).exp()[..., None] + out_b * (lse_b - lse).exp()[..., None], lse
+
+
+def _strict_mask_attention(q, k, v):
+    """A query may not see its own key (< instead of <=): the first row sees nothing."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scores = torch.einsum("nhd,mhd->hnm", q, k) / math.sqrt(q.shape[-1])
+    strict = torch.arange(k.shape[0])[None, :] < torch.arange(q.shape[0])[:, None] + (k.shape[0] - q.shape[0])
+    scores = scores.masked_fill(~strict, float("-inf"))
+    return torch.einsum("hnm,mhd->nhd", scores.softmax(-1), v)
 
 
 def _top_left_attention(q, k, v):

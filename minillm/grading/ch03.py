@@ -70,6 +70,10 @@ def check_slot_mapping(fn, seed: int | None = None):
         expected = manager.slot_mapping("r", start, end)
         got = learner_call(fn, list(table), start, end, block_size, forbidden=_SLOTS, why=_WHY)
         got = got.tolist() if isinstance(got, torch.Tensor) else list(got)
+        if len(got) != len(expected):
+            _fail(f"block_table={table}, start={start}, end={end}, block_size={block_size}: you return "
+                  f"{len(got)} slots, expected {len(expected)}, one per position in [start, end): end is "
+                  "excluded")
         if got != expected:
             _fail(f"block_table={table}, start={start}, end={end}, block_size={block_size}: you "
                   f"return {got[:8]}{'...' if len(got) > 8 else ''}, expected {expected[:8]}"
@@ -123,7 +127,11 @@ def check_blocks_that_fit(fn, seed: int | None = None):
         if got != expected:
             per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
             hint = ""
-            if got == num_bytes // (block_size * per_token // 2):
+            derived = cfg.hidden_size // cfg.num_heads
+            if derived != cfg.head_dim and got == num_bytes // (block_size * per_token // cfg.head_dim * derived):
+                hint = (f"Use head_dim ({cfg.head_dim}), not hidden_size // num_heads ({derived}): some models "
+                        "set it separately. ")
+            elif got == num_bytes // (block_size * per_token // 2):
                 hint = "You count K only (or V only): a token stores both. "
             elif got == num_bytes // (block_size * per_token // cfg.num_kv_heads * cfg.num_heads):
                 hint = "You count the query heads: only the KV heads are cached (grouped-query attention). "

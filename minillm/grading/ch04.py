@@ -17,9 +17,10 @@ from ..config import ModelConfig
 from ..loader import build_model
 from ..prefill import prefill_kv
 from ._common import fail as _fail, learner_call, passed, forbid, record_forward
+from ._reference import ch04 as _ref
 from .ch01 import mask_mistake
 
-__all__ = ["check_chunk_mask", "check_chunk_bounds", "check_chunked_prefill"]
+__all__ = ["check_chunk_mask", "check_chunk_bounds", "check_chunked_prefill", "check_position_bug_errors"]
 
 _MASKS = ("minillm.attention.causal_mask", "torch.nn.attention.bias.causal_lower_right")
 _PREFILL = ("minillm.model_runner.prefill_kv", "minillm.model_runner.ModelRunner.execute",
@@ -36,11 +37,15 @@ def check_chunk_mask(fn, seed: int | None = None):
         expected = causal_mask(q_len, k_len)
         got = learner_call(fn, q_len, k_len, forbidden=_MASKS,
                            why="build the mask from torch.arange, as the statement asks.")
-        if not isinstance(got, torch.Tensor) or tuple(got.shape) != (q_len, k_len):
-            _fail(f"q_len={q_len}, k_len={k_len}: expected a tensor of shape {(q_len, k_len)}, "
-                  f"got {getattr(got, 'shape', type(got).__name__)}")
-        if not torch.equal(got.bool(), expected):
-            mistake = mask_mistake(got.bool().cpu(), q_len, k_len)
+        if not isinstance(got, torch.Tensor):
+            _fail(f"q_len={q_len}, k_len={k_len}: you return a {type(got).__name__}, expected a torch.Tensor")
+        if tuple(got.shape) != (q_len, k_len):
+            _fail(f"q_len={q_len}, k_len={k_len}: expected shape {(q_len, k_len)}, got {tuple(got.shape)}")
+        if got.dtype != torch.bool:
+            _fail(f"q_len={q_len}, k_len={k_len}: dtype = {got.dtype}, expected torch.bool (a comparison of "
+                  "aranges gives one)")
+        if not torch.equal(got, expected):
+            mistake = mask_mistake(got.cpu(), q_len, k_len)
             _fail(f"q_len={q_len}, k_len={k_len}: {mistake or 'wrong mask'}\nexpected\n{expected.int()}\n"
                   f"got\n{got.int()}")
     return passed(f"check_chunk_mask: correct on {len(cases)} shapes")
@@ -89,16 +94,22 @@ def _check_forward_calls(calls, num_tokens: int, chunk_size: int):
                   "or RoPE rotates the keys by the wrong angles")
 
 
-def check_chunked_prefill(fn, seed: int | None = None):
-    """fn(model, token_ids, chunk_size) -> kv [layers, 2, T, Hkv, D], compared with prefill_kv."""
-    rng = random.Random(seed)
+def _check_model(rng: random.Random):
+    """A small float64 model with sharper attention than the default init: mistakes show more."""
     cfg = ModelConfig(name="check", vocab_size=64, hidden_size=64, intermediate_size=128,
                       num_layers=2, num_heads=4, num_kv_heads=2, max_position=256)
     model = build_model(cfg, seed=rng.randint(0, 1000), dtype=torch.float64)
-    with torch.no_grad():   # sharper attention than the default init: mistakes show more
+    with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
                 p.mul_(8)
+    return model
+
+
+def check_chunked_prefill(fn, seed: int | None = None):
+    """fn(model, token_ids, chunk_size) -> kv [layers, 2, T, Hkv, D], compared with prefill_kv."""
+    rng = random.Random(seed)
+    model = _check_model(rng)
     # chunks of 7 or 16, a random size, and single-token chunks on a short prompt
     cases = [(rng.randint(40, 90), rng.choice([7, 16]))]
     cases.append((rng.randint(40, 90), rng.randint(2, cases[0][0] // 2)))
@@ -119,10 +130,38 @@ def check_chunked_prefill(fn, seed: int | None = None):
             first = int((error.amax(dim=(0, 1, 3, 4)) > 1e-10).nonzero()[0])
             hint = ("layer 0 already differs: check the positions (absolute, start + i) and the slots"
                     if error[0].max() > 1e-10 else
-                    "layer 0 is right, later layers differ: check what each chunk attends to "
-                    "(cached_lens, the mask)")
+                    "layer 0 is right, later layers differ: the chunk reads its cached prefix through "
+                    "block_tables; pass the request's whole table, in order")
             _fail(f"{num_tokens} tokens, chunk_size={chunk_size}: max |KV - full prefill| = "
                   f"{error.max():.2e} (layer {layer}, {'KV'[kind]}, position {position}); the first "
                   f"wrong position is {first}. {hint}.")
     return passed("check_chunked_prefill: one forward pass per chunk, and your chunked KV equals the full "
                   "prefill to 1e-10 (float64)")
+
+
+def check_position_bug_errors(fn, seed: int | None = None):
+    """fn(model, token_ids, chunk_size) -> the largest |KV - full prefill| per layer when
+    every chunk's positions restart at 0 (the chapter's bug 3)."""
+    rng = random.Random(seed)
+    model = _check_model(rng)
+    cases = [(rng.randint(40, 90), rng.choice([7, 16])), (rng.randint(40, 90), rng.randint(2, 20)),
+             (rng.randint(10, 30), None)]                       # None: one chunk, the whole prompt
+    for num_tokens, chunk_size in cases:
+        chunk_size = chunk_size or num_tokens
+        tokens = [rng.randrange(64) for _ in range(num_tokens)]
+        expected = _ref.position_bug_errors(model, tokens, chunk_size)
+        with record_forward(model) as record:
+            got = learner_call(fn, model, list(tokens), chunk_size)
+        where = f"{num_tokens} tokens, chunk_size={chunk_size}"
+        got = [float(e) for e in got] if isinstance(got, (list, tuple, torch.Tensor)) else got
+        if not isinstance(got, list) or len(got) != len(expected):
+            _fail(f"{where}: return one error per layer, a list of {len(expected)} floats; you return {got!r}")
+        restarting = [c for c in record.calls if c.cached_lens and c.cached_lens[0] > 0]
+        if chunk_size < num_tokens and not any(c.positions == list(range(c.num_tokens)) for c in restarting):
+            _fail(f"{where}: none of your chunks after the first has positions restarting at 0; the bug to "
+                  "reproduce is positions = torch.arange(0, end - start), with the cache as before")
+        if not all(abs(g - e) <= 1e-6 * abs(e) + 1e-12 for g, e in zip(got, expected)):
+            _fail(f"{where}: you return {[f'{g:.3e}' for g in got]}, expected {[f'{e:.3e}' for e in expected]}: "
+                  "per layer, the largest |your chunked KV - prefill_kv's KV| (K and V, every position)")
+    return passed(f"check_position_bug_errors: {len(cases)} prompts, per-layer errors as the engine measures them")
+
