@@ -57,6 +57,16 @@ def rope(x, positions, theta):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
+def _float32_rope(x, positions, theta):
+    """Hugging Face's frequencies, float32 as torch makes them by default."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, x.shape[-1], 2) / x.shape[-1]))
+    half = x.shape[-1] // 2
+    angles = positions.to(torch.float64)[:, None] * inv_freq.to(torch.float64)[None, :]
+    cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
 def repeat_kv(k, num_heads):
     return k.repeat_interleave(num_heads // k.shape[1], dim=1)
 
@@ -152,8 +162,10 @@ def prefill_steps(prompt_len, chunk_size, num_decoding, token_budget):
 
 
 def equal_work(prompt_len, chunk_size, break_even):
-    def work(m):
-        return m * break_even + m * (m + 1) // 2
+    return _equal_work_with(prompt_len, chunk_size, lambda m: m * break_even + m * (m + 1) // 2)
+
+
+def _equal_work_with(prompt_len, chunk_size, work):
     num_chunks, total = math.ceil(prompt_len / chunk_size), work(prompt_len)
     ends = []
     for k in range(1, num_chunks):
@@ -161,8 +173,7 @@ def equal_work(prompt_len, chunk_size, break_even):
         while work(m) * num_chunks < k * total:
             m += 1
         ends.append(m)
-    ends.append(prompt_len)
-    return [b - a for a, b in zip([0] + ends, ends)]
+    return [b - a for a, b in zip([0] + ends, ends + [prompt_len])]
 
 
 def _rounded_down(prompt_len, chunk_size, break_even):
@@ -254,6 +265,8 @@ CASES = {
          "engine's own answer"),
         ("interleaved", lambda x, p, theta: _interleaved_rope(x, p, theta), "rotate half"),
         ("unrotated", lambda x, p, theta: x, "unrotated"),
+        ("minus_angle", lambda x, p, theta: rope(x, -p, theta), "-angle"),
+        ("float32_freq", lambda x, p, theta: _float32_rope(x, p, theta), "float32"),
     ]),
     "check_repeat_kv": (repeat_kv, [
         ("engine", lambda k, h: minillm.attention._expand_kv_heads(k, h), "engine's own answer"),
@@ -320,6 +333,12 @@ CASES = {
          * cfg.head_dim * cfg.num_heads, "up to ITSELF"),
         ("kv_heads", lambda cfg, n, c: layer_flops(cfg, n, c) - 4 * (n * c + n * (n + 1) // 2) * cfg.head_dim
          * (cfg.num_heads - cfg.num_kv_heads), "QUERY head"),
+        ("no_o_proj", lambda cfg, n, c: layer_flops(cfg, n, c) - 2 * n * cfg.q_size * cfg.hidden_size,
+         "output projection"),
+        ("kv_as_q", lambda cfg, n, c: layer_flops(cfg, n, c) + 4 * n * cfg.hidden_size * (cfg.q_size - cfg.kv_size),
+         "grouped-query"),
+        ("scores_only", lambda cfg, n, c: layer_flops(cfg, n, c) - 2 * (n * c + n * (n + 1) // 2) * cfg.head_dim
+         * cfg.num_heads, "weighted values"),
     ]),
     "check_kv_bytes_per_token": (kv_bytes, [
         ("engine", lambda cfg, d: cfg.kv_bytes_per_token(d), "engine's own answer"),
@@ -359,7 +378,7 @@ CASES = {
         ("hard_coded", lambda p, c, n, b: 4, "decodes take their tokens first"),
         ("floor_division", lambda p, c, n, b: p // (c if b is None else min(c, b - n)), "round up"),
         ("budget_for_prefill_alone", lambda p, c, n, b: math.ceil(p / (c if b is None else min(c, b))),
-         "decodes take their tokens first"),
+         "token_budget - num_decoding"),
     ]),
     "check_equal_work_chunks": (equal_work, [
         ("engine", lambda *a: minillm.chunk_sizing.equal_work_chunks(*a), "engine's own answer"),
@@ -369,6 +388,7 @@ CASES = {
         ("last_chunk_dropped", lambda p, c, k: equal_work(p, c, k)[:-1], "the chunks tile the prompt"),
         ("one_chunk_more", lambda p, c, k: equal_work(p, max(1, c - 1), k), "as many chunks as"),
         ("rounded_down", _rounded_down, "round up, not down"),
+        ("no_own_key", lambda p, c, k: _equal_work_with(p, c, lambda m: m * k + m * (m - 1) // 2), "own key"),
         ("hard_coded", lambda p, c, k: [327, 297, 275, 255, 241, 228, 218, 207], "add up to"),
     ]),
     "check_choose_chunk_size": (choose, [

@@ -38,17 +38,33 @@ def _rms_mistake(got, x, weight, eps) -> str:
     return ""
 
 
+def _rotate_half(x, positions, inv_freq):
+    half = x.shape[-1] // 2
+    angles = positions.to(torch.float64)[:, None] * inv_freq.to(torch.float64)[None, :]
+    cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
 def _rope_mistake(got, x, positions, theta) -> str:
-    """An interleaved-pairs layout (GPT-J / Meta's original) instead of rotate-half."""
+    """The usual slips: interleaved pairs (GPT-J / Meta's original) instead of rotate-half,
+    the angle's sign, float32 frequencies, no rotation."""
     half = x.shape[-1] // 2
     inv_freq = theta ** (-torch.arange(half, dtype=torch.float64) * 2 / x.shape[-1])
     angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
     cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
     even, odd = x[..., 0::2], x[..., 1::2]
     interleaved = torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2)
-    if torch.allclose(got.to(torch.float64), interleaved, atol=1e-8):
+    got = got.to(torch.float64)
+    if torch.allclose(got, interleaved, atol=1e-8):
         return " (you rotate pairs (2i, 2i+1); the engine pairs i with i + D/2, \"rotate half\")"
-    if torch.allclose(got.to(torch.float64), x, atol=1e-8):
+    if torch.allclose(got, _rotate_half(x, -positions, inv_freq), atol=1e-8):
+        return " (you rotate by -angle: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin))"
+    float32_freq = 1.0 / (theta ** (torch.arange(0, x.shape[-1], 2, dtype=torch.float32) / x.shape[-1]))
+    if torch.allclose(got, _rotate_half(x, positions, float32_freq), atol=1e-8):
+        return (" (your frequencies are float32: torch.arange(0, D, 2) / D is float32 unless you ask for "
+                "dtype=torch.float64)")
+    if torch.allclose(got, x, atol=1e-8):
         return " (x came back unrotated)"
     return ""
 

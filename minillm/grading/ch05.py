@@ -72,6 +72,15 @@ def _flops_mistake(got, cfg, n: int, c: int) -> str:
         return "Attention runs on every QUERY head (num_heads), not only the KV heads. "
     if got == expected - 2 * n * cfg.hidden_size * cfg.intermediate_size:
         return "The MLP has gate AND up projections (2 * intermediate outputs) before down. "
+    d, q, kv = cfg.hidden_size, cfg.q_size, cfg.kv_size
+    if got == expected - 2 * n * q * d:
+        return "The output projection (q_size -> hidden) is missing. "
+    if q != kv and got == expected + 4 * n * d * (q - kv):
+        return ("K and V project to kv_size (num_kv_heads * head_dim), not q_size: grouped-query "
+                "attention. ")
+    if got == expected - attention // 2:
+        return ("Attention is 2*head_dim FLOPs per pair and head for the scores AND as much again for the "
+                "weighted values. ")
     return ""
 
 

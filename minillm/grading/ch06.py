@@ -176,7 +176,11 @@ def check_num_prefill_steps(fn, seed: int | None = None):
         got = learner_call(fn, prompt_len, chunk_size, num_decoding, token_budget, forbidden=_SCHEDULER, why=_WHY)
         if got != expected:
             hint = ""
-            if isinstance(got, int) and got == expected - 1:
+            if (isinstance(got, int) and token_budget is not None and num_decoding
+                    and got == -(-prompt_len // min(chunk_size, token_budget))):
+                hint = ("The decodes take num_decoding tokens of token_budget first: the prompt gets "
+                        "min(chunk_size, token_budget - num_decoding) per step. ")
+            elif isinstance(got, int) and got == expected - 1:
                 hint = "One step short: the last, partial chunk needs a step of its own (round up). "
             _fail(f"{hint}prompt_len={prompt_len}, chunk_size={chunk_size}, {num_decoding} streams decoding, "
                   f"token_budget={token_budget}: you predict {got!r} steps, the engine took {expected}. "
@@ -216,8 +220,12 @@ def check_equal_work_chunks(fn, seed: int | None = None):
         ends = [sum(got_list[:i + 1]) for i in range(len(got_list))]
         k = next(i for i, (a, b) in enumerate(zip(ends, [sum(expected[:i + 1]) for i in range(len(expected))]))
                  if a != b)
-        _fail(f"{shown}: chunk {k + 1} ends at token {ends[k]}, the engine's at {sum(expected[:k + 1])}: "
+        engine_end = sum(expected[:k + 1])
+        why = ("round up, not down" if ends[k] == engine_end - 1 else
+               "check work(m) = m * break_even + m * (m + 1) // 2: the token at position p costs "
+               "break_even + p + 1 (its own key included)")
+        _fail(f"{shown}: chunk {k + 1} ends at token {ends[k]}, the engine's at {engine_end}: "
               f"boundary k is the FIRST token count m whose work reaches k/num_chunks of the total "
-              f"({total} here), i.e. work(m) * num_chunks >= k * total: round up, not down")
+              f"({total} here), i.e. work(m) * num_chunks >= k * total: {why}")
     return passed(f"check_equal_work_chunks: correct on {len(cases)} prompts, the same chunks as the engine's "
                   "equal_work scheduler")
