@@ -25,7 +25,7 @@ def test_solutions_pass_on_other_seeds(solution):
         ch08.check_chain_hashes(solution.chain_hashes, seed=seed)
         ch08.check_tokens_to_compute(solution.tokens_to_compute, seed=seed)
         ch08.check_plan_prefill_step(solution.plan_prefill_step, seed=seed)
-        ch08.check_goodput_rate(solution.goodput, seed=seed)
+        ch08.check_goodput_rate(solution.goodput_rate, seed=seed)
 
 
 def unchained(tokens, block_size):
@@ -78,5 +78,5 @@ def test_a_hash_for_the_partial_last_block_is_named(capsys):
 
 
 def test_the_checkers_return_true_and_say_so(solution, capsys):
-    assert ch08.check_goodput_rate(solution.goodput, seed=5) is True
+    assert ch08.check_goodput_rate(solution.goodput_rate, seed=5) is True
     assert capsys.readouterr().out.startswith("✓")

@@ -48,7 +48,7 @@ def _random_rows(rng: random.Random):
     return rows
 
 
-def check_choose_chunk_size(choose_chunk_size, num_cases: int = 300, seed: int | None = None):
+def check_choose_chunk_size(choose_chunk_size, seed: int | None = None, *, num_cases: int = 300):
     """choose_chunk_size(rows, itl_slo_ms) -> chunk size, "off" or None."""
     rng = random.Random(seed)
     # Hand-picked first: a TTFT tie (smaller chunk wins, "off" is the largest), an SLO
@@ -108,7 +108,7 @@ def _diagnose_steps(case, calls):
                   "each stream (1, context + k, True)")
 
 
-def check_expected_ttft(expected_ttft, num_cases: int = 6, seed: int | None = None):
+def check_expected_ttft(expected_ttft, seed: int | None = None, *, num_cases: int = 6):
     """expected_ttft(model, hardware, prompt_len, chunk_size, num_decoders, decoder_context) -> seconds."""
     rng = random.Random(seed)
     cases = [("llama-3-8b", "A100-80GB", 2048, 512, 4, 72)]
@@ -137,7 +137,7 @@ def check_expected_ttft(expected_ttft, num_cases: int = 6, seed: int | None = No
 # ---------------------------------------------------------------------------
 # 3. Goodput
 # ---------------------------------------------------------------------------
-def check_goodput(goodput, num_cases: int = 4, seed: int | None = None):
+def check_goodput(goodput, seed: int | None = None, *, num_cases: int = 4):
     """goodput(outputs, ttft_slo_s, tpot_slo_s) -> requests per second meeting both SLOs."""
     rng = random.Random(seed)
     for case in range(num_cases):

@@ -26,7 +26,7 @@ _CACHED = ("minillm.prefix_cache.max_cached_tokens",
 # ---------------------------------------------------------------------------
 # 1. Chained block hashes
 # ---------------------------------------------------------------------------
-def check_chain_hashes(chain_hashes, seed: int | None = None, num_cases: int = 200):
+def check_chain_hashes(chain_hashes, seed: int | None = None, *, num_cases: int = 200):
     """chain_hashes(token_ids, block_size) -> list of bytes, vLLM's scheme."""
     rng = random.Random(seed)
     for case in range(num_cases):
@@ -71,7 +71,7 @@ def engine_tokens_to_compute(prompt_len: int, cached_blocks: int, block_size: in
     return prompt_len - bm.claim_cached_prefix(Request("new", prompt, SamplingParams(), 0.0))
 
 
-def check_tokens_to_compute(tokens_to_compute, seed: int | None = None, num_cases: int = 300):
+def check_tokens_to_compute(tokens_to_compute, seed: int | None = None, *, num_cases: int = 300):
     """tokens_to_compute(prompt_len, cached_blocks, block_size) -> prompt tokens the step computes."""
     rng = random.Random(seed)
     for case in range(num_cases):
@@ -104,7 +104,7 @@ def engine_plan_prefill_step(prompt_lens, chunk_size: int, threshold: int) -> li
     return [got.get(i, 0) for i in range(len(prompt_lens))]
 
 
-def check_plan_prefill_step(plan_prefill_step, seed: int | None = None, num_cases: int = 300):
+def check_plan_prefill_step(plan_prefill_step, seed: int | None = None, *, num_cases: int = 300):
     """plan_prefill_step(prompt_lens, chunk_size, threshold) -> tokens per prompt in this step."""
     rng = random.Random(seed)
     for _ in range(num_cases):
@@ -125,8 +125,8 @@ def check_plan_prefill_step(plan_prefill_step, seed: int | None = None, num_case
 # ---------------------------------------------------------------------------
 # 4. DistServe's goodput
 # ---------------------------------------------------------------------------
-def check_goodput_rate(goodput, seed: int | None = None, num_cases: int = 300):
-    """goodput(attainment_by_rate, target) -> the highest rate before attainment first drops below target."""
+def check_goodput_rate(goodput_rate, seed: int | None = None, *, num_cases: int = 300):
+    """goodput_rate(attainment_by_rate, target) -> the highest rate before attainment first drops below target."""
     rng = random.Random(seed)
     for _ in range(num_cases):
         rates = sorted(rng.sample([0.5, 1, 2, 3, 4, 6, 8, 12, 16], rng.randint(1, 9)))
@@ -134,7 +134,7 @@ def check_goodput_rate(goodput, seed: int | None = None, num_cases: int = 300):
         target = rng.choice([0.9, 0.95, 0.5])
         shuffled = dict(rng.sample(list(attainment.items()), len(attainment)))
         expected = highest_rate_meeting(attainment, target)
-        got = learner_call(goodput, shuffled, target,
+        got = learner_call(goodput_rate, shuffled, target,
                            forbidden=("minillm.sim.disaggregation.highest_rate_meeting",),
                            why="scan the rates yourself.")
         if got != expected:

@@ -99,7 +99,9 @@ ex.check_plan_prefill_step(plan_prefill_step)  # points: 3
 # %% [markdown]
 # ## 4. DistServe's goodput
 #
-# `attainment_by_rate` maps a request rate (req/s) to the fraction of requests that met
+# DistServe's goodput is a rate, not exercise 7's count of good requests per second: the
+# highest request rate the server sustains within its SLOs. `goodput_rate(attainment_by_rate,
+# target)`: `attainment_by_rate` maps a request rate (req/s) to the fraction of requests that met
 # both SLOs at that rate, in any order. Return the highest rate whose attainment is at
 # least `target`, scanning rates upward and stopping at the first that misses it (0.0 if
 # the lowest already misses).
@@ -111,7 +113,7 @@ ex.check_plan_prefill_step(plan_prefill_step)  # points: 3
 # </details>
 
 # %%
-def goodput(attainment_by_rate, target):
+def goodput_rate(attainment_by_rate, target):
     ### BEGIN SOLUTION
     best = 0.0
     for rate in sorted(attainment_by_rate):
@@ -123,4 +125,4 @@ def goodput(attainment_by_rate, target):
 
 
 # %%
-ex.check_goodput_rate(goodput)  # points: 2
+ex.check_goodput_rate(goodput_rate)  # points: 2
