@@ -87,8 +87,10 @@ ex.check_attention(attention)  # points: 2
 #
 # <details><summary>Hint</summary>
 #
-# `lse = logaddexp(lse_a, lse_b)` is the log of the new normaliser. Each part's output was
-# normalised by `exp(lse_part)`: rescale it by `exp(lse_part - lse)` and add the two.
+# Each part's output was divided by its own sum of `exp(scores)`, whose log is `lse_part`.
+# What is the sum over A and B together, and its log (chapter 1, section 4, and the one
+# torch function that computes it without overflow)? By what factor must each part's output
+# then be rescaled before you add them?
 #
 # </details>
 

@@ -108,9 +108,8 @@ assert stalled["tpot"] < 0.011 and max(stalled["itl"]) > 0.2
 #
 # <details><summary>Hint</summary>
 #
-# Every step the decodes take `num_decoding` tokens of the budget first; the prompt gets
-# `min(chunk_size, token_budget - num_decoding)` per step (just `chunk_size` without a budget).
-# Count the steps with a ceiling division.
+# Each step, what is left of the budget for the prompt once the decodes have taken theirs,
+# and what does `chunk_size` cap it at? Then count whole steps, the last one partial.
 #
 # </details>
 

@@ -88,9 +88,9 @@ assert chosen["itl_max_s"] <= 0.030 and choice != "off"
 #
 # <details><summary>Hint</summary>
 #
-# Keep `done` (prompt tokens prefilled so far) and `k` (the step index): the chunk is
-# `n = min(chunk_size, prompt_len - done)`, the step
-# `[(n, done, done + n == prompt_len)] + [(1, decoder_context + k, True)] * num_decoders`.
+# Keep the prompt tokens done so far and the step index. Each step holds one chunk and one
+# token per stream. Only the chunk that reaches `prompt_len` computes logits (its third
+# field), and each stream's cache grows by one token per step.
 #
 # </details>
 

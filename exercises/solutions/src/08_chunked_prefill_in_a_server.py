@@ -77,7 +77,8 @@ ex.check_tokens_to_compute(tokens_to_compute)  # points: 1
 #
 # <details><summary>Hint</summary>
 #
-# Walk the prompts in order with the step's tokens left: each takes `min(its length, what is left, threshold)` (no threshold term when it is 0).
+# Walk the prompts in arrival order, keeping the step's prefill tokens left. Three things
+# bound what one prompt can take; the threshold is one of them, and only when it is not 0.
 #
 # </details>
 
