@@ -401,8 +401,8 @@ del scrambled
 #   dequantized, its Q/K rows put back in Hugging Face's order, and it answers in words
 #   that match `transformers` token for token.
 #
-# **Exercises:** `exercises/02_the_model.ipynb`: write RMSNorm, RoPE, the GQA head
-# expansion and the SwiGLU MLP, each checked against the engine's layer.
+# **Exercises:** `exercises/02_the_model.ipynb`: write RMSNorm, the GQA head expansion,
+# the SwiGLU MLP and RoPE, each checked against the engine's layer.
 #
 # **Next:** a decode step needs the keys and values of every earlier token; chapter 3
 # keeps them in a paged KV cache instead of recomputing them.

@@ -737,6 +737,6 @@ if minillm.default_device().type == "cpu":
 #   the H200 are assumed, not measured. Its shape bends at small batches and at tile
 #   boundaries.
 #
-# **Exercises:** `exercises/07_the_lab.ipynb`: choose a chunk size for an SLO, count the
-# steps of a chunked prefill and predict its TTFT, find the goodput of a policy, and
-# compute the fastest a decode step can be.
+# **Exercises:** `exercises/07_the_lab.ipynb`: compute the fastest a decode step can be,
+# choose a chunk size for an SLO, find the goodput of a policy, and count the steps of a
+# chunked prefill to predict its TTFT.

@@ -37,7 +37,55 @@ ex.check_rms_norm(rms_norm)  # points: 1
 
 
 # %% [markdown]
-# ## 2. RoPE
+# ## 2. Grouped-query attention: sharing KV heads
+#
+# `repeat_kv(k, num_heads)`: `k` is `[m, Hkv, D]`; return `[m, num_heads, D]`
+# where query head `h` gets KV head `h // (num_heads // Hkv)`. Mind the order:
+# neighbouring query heads share a KV head.
+#
+# <details><summary>Hint</summary>
+#
+# `torch.repeat_interleave` repeats each KV head `group` times in a row (0,0,1,1);
+# `Tensor.repeat` would tile them (0,1,0,1).
+#
+# </details>
+
+# %%
+def repeat_kv(k, num_heads):
+    ### BEGIN SOLUTION
+    return k.repeat_interleave(num_heads // k.shape[1], dim=1)
+    ### END SOLUTION
+
+
+# %%
+ex.check_repeat_kv(repeat_kv)  # points: 1
+
+
+# %% [markdown]
+# ## 3. The SwiGLU MLP
+#
+# `swiglu(x, gate_w, up_w, down_w)`: `x: [T, d]`, `gate_w, up_w: [f, d]`,
+# `down_w: [d, f]` (PyTorch's `nn.Linear` layout: out x in). Return
+# `down(silu(gate(x)) * up(x))`.
+#
+# <details><summary>Hint</summary>
+#
+# `nn.Linear` computes `x @ W.T`. SiLU goes on the gate projection only: `F.silu(x @ gate_w.T) * (x @ up_w.T)`.
+#
+# </details>
+
+# %%
+def swiglu(x, gate_w, up_w, down_w):
+    ### BEGIN SOLUTION
+    return (F.silu(x @ gate_w.T) * (x @ up_w.T)) @ down_w.T
+    ### END SOLUTION
+
+
+# %%
+ex.check_swiglu(swiglu)  # points: 2
+
+# %% [markdown]
+# ## 4. RoPE
 #
 # `rope(x, positions, theta)`: `x` is `[T, H, D]`, `positions` the absolute
 # position of each row `[T]`. Pair dimension `i` with `i + D/2` (Hugging
@@ -67,56 +115,6 @@ def rope(x, positions, theta):
 
 # %%
 ex.check_rope(rope)  # points: 3
-
-
-# %% [markdown]
-# ## 3. Grouped-query attention: sharing KV heads
-#
-# `repeat_kv(k, num_heads)`: `k` is `[m, Hkv, D]`; return `[m, num_heads, D]`
-# where query head `h` gets KV head `h // (num_heads // Hkv)`. Mind the order:
-# neighbouring query heads share a KV head.
-#
-# <details><summary>Hint</summary>
-#
-# `torch.repeat_interleave` repeats each KV head `group` times in a row (0,0,1,1);
-# `Tensor.repeat` would tile them (0,1,0,1).
-#
-# </details>
-
-# %%
-def repeat_kv(k, num_heads):
-    ### BEGIN SOLUTION
-    return k.repeat_interleave(num_heads // k.shape[1], dim=1)
-    ### END SOLUTION
-
-
-# %%
-ex.check_repeat_kv(repeat_kv)  # points: 1
-
-
-# %% [markdown]
-# ## 4. The SwiGLU MLP
-#
-# `swiglu(x, gate_w, up_w, down_w)`: `x: [T, d]`, `gate_w, up_w: [f, d]`,
-# `down_w: [d, f]` (PyTorch's `nn.Linear` layout: out x in). Return
-# `down(silu(gate(x)) * up(x))`.
-#
-# <details><summary>Hint</summary>
-#
-# `nn.Linear` computes `x @ W.T`. SiLU goes on the gate projection only: `F.silu(x @ gate_w.T) * (x @ up_w.T)`.
-#
-# </details>
-
-# %%
-def swiglu(x, gate_w, up_w, down_w):
-    ### BEGIN SOLUTION
-    return (F.silu(x @ gate_w.T) * (x @ up_w.T)) @ down_w.T
-    ### END SOLUTION
-
-
-# %%
-ex.check_swiglu(swiglu)  # points: 2
-
 
 # %% [markdown]
 # Done: with these four and your attention from exercises 1 you have every

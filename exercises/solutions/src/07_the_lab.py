@@ -1,9 +1,9 @@
 # %% [markdown]
 # # Exercises 7: the lab
 #
-# Four small functions that turn chapter 7's experiments into tools: pick a chunk size
-# for a latency target, predict a long prompt's TTFT from its steps, score a policy by
-# goodput, and compute the fastest a decode step can ever be. Each checker compares
+# Four small functions that turn chapter 7's experiments into tools: compute the fastest
+# a decode step can ever be, pick a chunk size for a latency target, score a policy by
+# goodput, and predict a long prompt's TTFT from its steps. Each checker compares
 # your function with the simulator or the metrics module on fresh random cases.
 # Fill in the bodies where it says `raise NotImplementedError`, then run the check cell.
 
@@ -18,7 +18,36 @@ from minillm.sim.simulator import predict_step, simulate
 from minillm.sim.workloads import long_prompt_interference
 
 # %% [markdown]
-# ## 1. Choose the chunk size for an SLO
+# ## 1. The decode floor
+#
+# A decode step reads every weight once. Return the least time that takes:
+# `cfg.num_parameters()` weights of `dtype_bytes` bytes each, over the hardware's
+# datasheet bandwidth `hw.mem_bandwidth_bytes_s`. (Chapter 7 used it to show that a 5 ms
+# decode step for a 7B model in bf16 is out of an A100's reach.)
+#
+# <details><summary>Hint</summary>
+#
+# Bytes over bytes per second: `cfg.num_parameters() * dtype_bytes / hw.mem_bandwidth_bytes_s`.
+#
+# </details>
+
+# %%
+def decode_floor_s(cfg, hw, dtype_bytes=2):
+    ### BEGIN SOLUTION
+    return cfg.num_parameters() * dtype_bytes / hw.mem_bandwidth_bytes_s
+    ### END SOLUTION
+
+
+# %%
+ex.check_decode_floor(decode_floor_s)  # points: 1
+cfg = ModelConfig.preset("llama-2-7b")
+print(f"llama-2-7b bf16: {decode_floor_s(cfg, get_hardware('A100-80GB')) * 1e3:.1f} ms on an A100-80GB, "
+      f"{decode_floor_s(cfg, get_hardware('H100-SXM')) * 1e3:.1f} ms on an H100; "
+      f"in 8 bits on the A100: {decode_floor_s(cfg, get_hardware('A100-80GB'), 1) * 1e3:.1f} ms")
+
+
+# %% [markdown]
+# ## 2. Choose the chunk size for an SLO
 #
 # `rows` is a chunk-size sweep like the lab's: a list of dicts with
 # `chunk_size` (an int, or `"off"` for no chunking), `long_ttft_s` (the long prompt's
@@ -70,7 +99,39 @@ chosen = next(r for r in rows if r["chunk_size"] == choice)
 assert chosen["itl_max_s"] <= 0.030 and choice != "off"
 
 # %% [markdown]
-# ## 2. Expected TTFT from the step count
+# ## 3. Goodput
+#
+# `outputs` is a list of `RequestOutput` (`o.finished`, `o.metrics.ttft`,
+# `o.metrics.tpot`, `o.metrics.arrival_time`, `o.metrics.finish_time`). A finished
+# request is *good* when its TTFT is at most `ttft_slo_s` and its TPOT at most
+# `tpot_slo_s` (a request with one output token has no TPOT, `None`, and passes the TPOT
+# test). Return the good requests per second: their number divided by the time from the
+# first arrival to the last finish among the finished requests.
+#
+# <details><summary>Hint</summary>
+#
+# `o.metrics.tpot is None or o.metrics.tpot <= tpot_slo_s` is the TPOT test. The span is
+# `max(finish_time) - min(arrival_time)` over the finished requests only.
+#
+# </details>
+
+# %%
+def goodput(outputs, ttft_slo_s, tpot_slo_s):
+    ### BEGIN SOLUTION
+    done = [o for o in outputs if o.finished]
+    start = min(o.metrics.arrival_time for o in done)
+    end = max(o.metrics.finish_time for o in done)
+    good = [o for o in done if o.metrics.ttft <= ttft_slo_s
+            and (o.metrics.tpot is None or o.metrics.tpot <= tpot_slo_s)]
+    return len(good) / max(end - start, 1e-12)
+    ### END SOLUTION
+
+
+# %%
+ex.check_goodput(goodput)  # points: 2
+
+# %% [markdown]
+# ## 4. Expected TTFT from the step count
 #
 # A `prompt_len`-token prompt arrives while `num_decoders` streams are decoding, each
 # with `decoder_context` tokens in its cache. Under the chunked policy it takes
@@ -119,63 +180,3 @@ extra_s = (expected_ttft("llama-3-8b", "A100-80GB", 2048, 512, 4, 72)
            - expected_ttft("llama-3-8b", "A100-80GB", 2048, 2048, 4, 72))
 print(f"chunks of 512 cost the long prompt {extra_s * 1e3:.0f} ms of TTFT")
 assert extra_s > 0
-
-# %% [markdown]
-# ## 3. Goodput
-#
-# `outputs` is a list of `RequestOutput` (`o.finished`, `o.metrics.ttft`,
-# `o.metrics.tpot`, `o.metrics.arrival_time`, `o.metrics.finish_time`). A finished
-# request is *good* when its TTFT is at most `ttft_slo_s` and its TPOT at most
-# `tpot_slo_s` (a request with one output token has no TPOT, `None`, and passes the TPOT
-# test). Return the good requests per second: their number divided by the time from the
-# first arrival to the last finish among the finished requests.
-#
-# <details><summary>Hint</summary>
-#
-# `o.metrics.tpot is None or o.metrics.tpot <= tpot_slo_s` is the TPOT test. The span is
-# `max(finish_time) - min(arrival_time)` over the finished requests only.
-#
-# </details>
-
-# %%
-def goodput(outputs, ttft_slo_s, tpot_slo_s):
-    ### BEGIN SOLUTION
-    done = [o for o in outputs if o.finished]
-    start = min(o.metrics.arrival_time for o in done)
-    end = max(o.metrics.finish_time for o in done)
-    good = [o for o in done if o.metrics.ttft <= ttft_slo_s
-            and (o.metrics.tpot is None or o.metrics.tpot <= tpot_slo_s)]
-    return len(good) / max(end - start, 1e-12)
-    ### END SOLUTION
-
-
-# %%
-ex.check_goodput(goodput)  # points: 2
-
-# %% [markdown]
-# ## 4. The decode floor
-#
-# A decode step reads every weight once. Return the least time that takes:
-# `cfg.num_parameters()` weights of `dtype_bytes` bytes each, over the hardware's
-# datasheet bandwidth `hw.mem_bandwidth_bytes_s`. (Chapter 7 used it to show that a 5 ms
-# decode step for a 7B model in bf16 is out of an A100's reach.)
-#
-# <details><summary>Hint</summary>
-#
-# Bytes over bytes per second: `cfg.num_parameters() * dtype_bytes / hw.mem_bandwidth_bytes_s`.
-#
-# </details>
-
-# %%
-def decode_floor_s(cfg, hw, dtype_bytes=2):
-    ### BEGIN SOLUTION
-    return cfg.num_parameters() * dtype_bytes / hw.mem_bandwidth_bytes_s
-    ### END SOLUTION
-
-
-# %%
-ex.check_decode_floor(decode_floor_s)  # points: 1
-cfg = ModelConfig.preset("llama-2-7b")
-print(f"llama-2-7b bf16: {decode_floor_s(cfg, get_hardware('A100-80GB')) * 1e3:.1f} ms on an A100-80GB, "
-      f"{decode_floor_s(cfg, get_hardware('H100-SXM')) * 1e3:.1f} ms on an H100; "
-      f"in 8 bits on the A100: {decode_floor_s(cfg, get_hardware('A100-80GB'), 1) * 1e3:.1f} ms")
