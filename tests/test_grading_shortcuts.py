@@ -75,6 +75,10 @@ def swiglu(x, gate_w, up_w, down_w):
     return (F.silu(x @ gate_w.T) * (x @ up_w.T)) @ down_w.T
 
 
+def step_mask(query_lens, cached_lens):
+    return torch.block_diag(*(mask(q, c + q) for q, c in zip(query_lens, cached_lens)))
+
+
 def blocks_needed(num_tokens, block_size):
     return -(-num_tokens // block_size)
 
@@ -302,10 +306,14 @@ CASES = {
         ("derived_head_dim", lambda cfg, n, b, d: n // (b * 2 * cfg.num_layers * cfg.num_kv_heads
                                                         * (cfg.hidden_size // cfg.num_heads) * d), "head_dim"),
     ]),
-    "check_chunk_mask": (mask, [
-        ("engine", lambda q, k: causal_mask(q, k), "engine's own answer"),
-        ("top_left", lambda q, k: torch.ones(q, k).tril().bool(), "TOP-LEFT"),
-        ("int_mask", lambda q, k: mask(q, k).int(), "torch.bool"),
+    "check_step_mask": (step_mask, [
+        ("engine", lambda qs, cs: torch.block_diag(*(causal_mask(q, c + q) for q, c in zip(qs, cs))),
+         "engine's own answer"),
+        ("top_left", lambda qs, cs: torch.block_diag(*(torch.ones(q, c + q).tril().bool() for q, c in zip(qs, cs))),
+         "TOP-LEFT"),
+        ("one_mask", lambda qs, cs: mask(sum(qs), sum(qs) + sum(cs)), "own request's keys"),
+        ("no_cache", lambda qs, cs: step_mask(qs, [0] * len(qs)), "cached AND new"),
+        ("int_mask", lambda qs, cs: step_mask(qs, cs).int(), "torch.bool"),
     ]),
     "check_chunk_bounds": (bounds, [
         ("overruns", lambda n, c: [(s, s + c) for s in range(0, n, c)], "past num_tokens"),

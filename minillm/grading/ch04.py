@@ -18,9 +18,8 @@ from ..loader import build_model
 from ..prefill import prefill_kv
 from ._common import fail as _fail, learner_call, passed, forbid, record_forward
 from ._reference import ch04 as _ref
-from .ch01 import mask_mistake
 
-__all__ = ["check_chunk_mask", "check_chunk_bounds", "check_chunked_prefill", "check_position_bug_errors"]
+__all__ = ["check_step_mask", "check_chunk_bounds", "check_chunked_prefill", "check_position_bug_errors"]
 
 _MASKS = ("minillm.attention.causal_mask", "torch.nn.attention.bias.causal_lower_right")
 _PREFILL = ("minillm.model_runner.prefill_kv", "minillm.model_runner.ModelRunner.execute",
@@ -28,27 +27,49 @@ _PREFILL = ("minillm.model_runner.prefill_kv", "minillm.model_runner.ModelRunner
             "minillm.prefill.chunked_prefill")
 
 
-def check_chunk_mask(fn, seed: int | None = None):
-    """fn(q_len, k_len) -> bool [q_len, k_len], True where a chunk's query may see a key."""
+def _packed(query_lens, cached_lens, align: str = "bottom_right") -> torch.Tensor:
+    """One request's [q, c + q] causal rectangle per block, the blocks on the diagonal."""
+    return torch.block_diag(*(causal_mask(q, c + q, align=align) for q, c in zip(query_lens, cached_lens)))
+
+
+def _step_mask_mistake(got: torch.Tensor, query_lens, cached_lens) -> str:
+    total_q, total_k = sum(query_lens), sum(q + c for q, c in zip(query_lens, cached_lens))
+    if torch.equal(got, _packed(query_lens, cached_lens, align="top_left")):
+        return ("each request's block is TOP-LEFT aligned: its queries are the last q of its c + q keys, "
+                "so query i sits at position c + i")
+    if torch.equal(got, causal_mask(total_q, total_k)):
+        return ("one causal mask over the whole step lets a request see the keys of the requests before it: "
+                "a query sees only its own request's keys (one block per request on the diagonal)")
+    if torch.equal(got, ~_packed(query_lens, cached_lens)):
+        return "True and False are swapped: True means the query MAY attend to the key"
+    return ""
+
+
+def check_step_mask(fn, seed: int | None = None):
+    """fn(query_lens, cached_lens) -> bool [sum q, sum (c + q)]: the mask of a packed step."""
     rng = random.Random(seed)
-    cases = [(4, 10), (1, 7), (5, 5), (3, 3)] + [(q, q + rng.randint(0, 40))
-                                                 for q in (rng.randint(1, 30) for _ in range(20))]
-    for q_len, k_len in cases:
-        expected = causal_mask(q_len, k_len)
-        got = learner_call(fn, q_len, k_len, forbidden=_MASKS,
-                           why="build the mask from torch.arange, as the statement asks.")
+    cases = [([1], [0]), ([3], [4]), ([2, 2], [2, 2]), ([3, 1, 1], [0, 5, 9])]
+    for _ in range(20):
+        n = rng.randint(1, 5)
+        cases.append(([rng.randint(1, 12) for _ in range(n)], [rng.choice([0, rng.randint(1, 30)]) for _ in range(n)]))
+    for query_lens, cached_lens in cases:
+        expected = _packed(query_lens, cached_lens)
+        where = f"query_lens={query_lens}, cached_lens={cached_lens}"
+        got = learner_call(fn, list(query_lens), list(cached_lens), forbidden=_MASKS,
+                           why="build each request's block from torch.arange, as the statement asks.")
         if not isinstance(got, torch.Tensor):
-            _fail(f"q_len={q_len}, k_len={k_len}: you return a {type(got).__name__}, expected a torch.Tensor")
-        if tuple(got.shape) != (q_len, k_len):
-            _fail(f"q_len={q_len}, k_len={k_len}: expected shape {(q_len, k_len)}, got {tuple(got.shape)}")
+            _fail(f"{where}: you return a {type(got).__name__}, expected a torch.Tensor")
+        if tuple(got.shape) != tuple(expected.shape):
+            hint = (" the keys are every request's cached AND new tokens, sum(c + q)"
+                    if got.dim() == 2 and got.shape[1] == sum(query_lens) else "")
+            _fail(f"{where}: expected shape {tuple(expected.shape)} (sum of q, sum of c + q), got "
+                  f"{tuple(got.shape)};{hint or ' one row per new token, one column per key'}")
         if got.dtype != torch.bool:
-            _fail(f"q_len={q_len}, k_len={k_len}: dtype = {got.dtype}, expected torch.bool (a comparison of "
-                  "aranges gives one)")
+            _fail(f"{where}: dtype = {got.dtype}, expected torch.bool (a comparison of aranges gives one)")
         if not torch.equal(got, expected):
-            mistake = mask_mistake(got.cpu(), q_len, k_len)
-            _fail(f"q_len={q_len}, k_len={k_len}: {mistake or 'wrong mask'}\nexpected\n{expected.int()}\n"
-                  f"got\n{got.int()}")
-    return passed(f"check_chunk_mask: correct on {len(cases)} shapes")
+            mistake = _step_mask_mistake(got.cpu(), query_lens, cached_lens)
+            _fail(f"{where}: {mistake or 'wrong mask'}\nexpected\n{expected.int()}\ngot\n{got.int()}")
+    return passed(f"check_step_mask: correct on {len(cases)} packed steps")
 
 
 def check_chunk_bounds(fn, seed: int | None = None):

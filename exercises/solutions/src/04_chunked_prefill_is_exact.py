@@ -13,29 +13,38 @@ from minillm.attention import AttentionBatch
 from minillm.kv_cache import BlockManager, PagedKVCache
 
 # %% [markdown]
-# ## 1. The mask of a chunk
+# ## 1. The mask of a packed step
 #
-# `chunk_mask(q_len, k_len)`: a boolean tensor `[q_len, k_len]`, True where query `i` of a
-# chunk may attend to key `j`. The chunk's queries are the **last** `q_len` of the `k_len`
-# positions (the keys before them are the cached prefix). Do not call
-# `minillm.attention.causal_mask`: build it from `torch.arange`.
+# One step packs several requests (chapter 1, section 6): request `r` brings
+# `query_lens[r]` new tokens and has `cached_lens[r]` tokens in its cache. Line the step's
+# queries up as rows (request 0's new tokens, then request 1's, ...) and every request's
+# keys as columns (request 0's cached and new keys, then request 1's, ...).
+# `step_mask(query_lens, cached_lens)`: a boolean tensor `[sum of q, sum of c + q]`, True
+# where a query may attend to a key: only keys of its own request, at or before its own
+# absolute position. Do not call `minillm.attention.causal_mask`: build each request's part
+# from `torch.arange`.
 #
 # <details><summary>Hint</summary>
 #
-# Query `i` sits at position `k_len - q_len + i`; key `j` is visible when `j <=` that position.
+# Each request's part is the chunk rectangle of chapter 1 (`[q, c + q]`, its queries the
+# last q positions); where do the parts sit relative to each other, and what is everywhere
+# else? `torch.block_diag` keeps booleans.
 #
 # </details>
 
 # %%
-def chunk_mask(q_len, k_len):
+def step_mask(query_lens, cached_lens):
     ### BEGIN SOLUTION
-    query_pos = torch.arange(q_len)[:, None] + (k_len - q_len)
-    return torch.arange(k_len)[None, :] <= query_pos
+    parts = []
+    for q, c in zip(query_lens, cached_lens):
+        query_pos = torch.arange(q)[:, None] + c
+        parts.append(torch.arange(c + q)[None, :] <= query_pos)
+    return torch.block_diag(*parts)
     ### END SOLUTION
 
 # %%
-ex.check_chunk_mask(chunk_mask)  # points: 1
-print(chunk_mask(3, 8).int())
+ex.check_step_mask(step_mask)  # points: 1
+print(step_mask([2, 1], [1, 3]).int())
 
 # %% [markdown]
 # ## 2. Chunk boundaries
