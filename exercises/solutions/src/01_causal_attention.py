@@ -25,8 +25,10 @@ import minillm.grading as ex
 #
 # <details><summary>Hint</summary>
 #
-# `torch.arange(q_len)[:, None] + (k_len - q_len)` is each query's position, `torch.arange(k_len)[None, :]` each key's;
-# compare them with `<=` and broadcasting gives the whole `[q_len, k_len]` mask.
+# Give every query its absolute position (the chunk's queries are the last `q_len` of
+# the `k_len` positions) and every key its own; a query may see a key at or before it.
+# A column of query positions compared with a row of key positions broadcasts to the
+# whole `[q_len, k_len]` mask.
 #
 # </details>
 

@@ -41,7 +41,9 @@ assert blocks_needed(8192, 16) == 512
 #
 # <details><summary>Hint</summary>
 #
-# Loop over `range(start, end)`; `block_table[p // block_size] * block_size + p % block_size`.
+# Position `p` lives in block number `p // block_size` of the request, at offset
+# `p % block_size` inside it; the block table says which pool block that is, and a pool
+# block's first slot is its number times `block_size`.
 #
 # </details>
 
@@ -64,8 +66,8 @@ assert slot_mapping([7, 2], 2, 6, 4) == [30, 31, 8, 9]
 #
 # <details><summary>Hint</summary>
 #
-# `k_cache[torch.as_tensor(table)]` is `[num_blocks_used, block_size, Hkv, D]`;
-# `.reshape(-1, Hkv, D)` puts the blocks end to end, then keep the first `num_tokens` rows.
+# Index the pool with the table to get the request's blocks in order; put them end to
+# end (a reshape); the last block may be partly empty.
 #
 # </details>
 

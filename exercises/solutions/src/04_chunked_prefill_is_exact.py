@@ -82,10 +82,10 @@ assert chunk_bounds(10, 4) == [(0, 4), (4, 8), (8, 10)]
 #
 # <details><summary>Hint</summary>
 #
-# Allocate the whole prompt once: `table = blocks.allocate("prompt", T)`. For each `(start, end)` from
-# `chunk_bounds`: `AttentionBatch([end - start], [start], [table], block_size,
-# torch.tensor(blocks.slot_mapping("prompt", start, end)))`, positions `torch.arange(start, end)`,
-# and one `model(...)` call. The checker counts your forward passes: one per chunk.
+# Allocate the whole prompt's blocks once. For each chunk from `chunk_bounds`, one
+# `model(...)` call with an `AttentionBatch` of one request: how many new tokens, how many
+# already cached, which table, and which slots the new tokens go to. Which positions does
+# the chunk's first token have? The checker counts your forward passes: one per chunk.
 #
 # </details>
 
