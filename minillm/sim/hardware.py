@@ -26,6 +26,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from ..pretrained_models import cache_root as cache_dir      # calibrations live beside the model cache
 from ..validation import check_choice, check_int, check_real
 
 __all__ = ["Hardware", "PROFILES", "get_hardware", "calibrate", "is_calibrated", "cache_dir"]
@@ -136,12 +137,6 @@ def get_hardware(hardware) -> Hardware:
 # (key, cache file) -> profile. The file is part of the key: a calibration kept
 # elsewhere (a test's quick one in a temporary file) is not this machine's default.
 _CALIBRATED: dict[tuple, Hardware] = {}
-
-
-def cache_dir() -> Path:
-    """Where calibrations are kept: minillm's cache folder (pretrained_models.cache_root)."""
-    from ..pretrained_models import cache_root
-    return cache_root()
 
 
 def _calibration_key(device, dtype, shapes, statistic, cache_path):
