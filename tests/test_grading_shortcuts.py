@@ -314,6 +314,7 @@ CASES = {
         ("one_mask", lambda qs, cs: mask(sum(qs), sum(qs) + sum(cs)), "own request's keys"),
         ("no_cache", lambda qs, cs: step_mask(qs, [0] * len(qs)), "cached AND new"),
         ("int_mask", lambda qs, cs: step_mask(qs, cs).int(), "torch.bool"),
+        ("grader_helper", lambda qs, cs: minillm.grading.ch04._packed(qs, cs), "engine's own answer"),
     ]),
     "check_chunk_bounds": (bounds, [
         ("overruns", lambda n, c: [(s, s + c) for s in range(0, n, c)], "past num_tokens"),
@@ -330,6 +331,7 @@ CASES = {
     ]),
     "check_position_bug_errors": (position_bug_errors, [
         ("hard_coded", lambda m, t, c: [1.0, 1.0] if c < len(t) else [0.0, 0.0], "restarting at 0"),
+        ("grader_reference", lambda m, t, c: _ref04().position_bug_errors(m, t, c), "engine's own answer"),
         ("one_max", lambda m, t, c: [max(position_bug_errors(m, t, c))], "one error per layer"),
         ("no_bug", lambda m, t, c: _layer_errors(m, t, chunked_prefill(m, t, c)), "restarting at 0"),
         ("engine_full", lambda m, t, c: _layer_errors(m, t, minillm.prefill_kv(m, t)[0]), "restarting at 0"),
@@ -524,6 +526,11 @@ def _engine_gather(k_cache, table, num_tokens):
 def _traffic_from(cost):
     return {"flops": cost.flops, "bytes_weights": cost.bytes_weights, "bytes_kv_read": cost.bytes_kv_read,
             "bytes_kv_write": cost.bytes_kv_write, "intensity": cost.intensity}
+
+
+def _ref04():
+    from minillm.grading._reference import ch04
+    return ch04
 
 
 def _ref06():
