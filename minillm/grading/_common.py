@@ -3,24 +3,120 @@ learner from handing in the engine's own function or skipping the method."""
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import sys
+import traceback
+import zlib
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
+_GRADING_DIR = str(Path(__file__).resolve().parent)
+
 
 class ExerciseFailed(AssertionError):
-    """A check found a mistake; the first line of the message says which."""
+    """A check found a mistake; the first line of the message says which.
+
+    In a notebook, IPython shows an exception through its `_render_traceback_`
+    when it has one: this one renders as "Not yet: <message>" (and, for a crash
+    in the learner's code, the learner's own frames), never a traceback through
+    the checker's source. The cell still fails, so nbval and the grade command
+    see the failure; `str(exc)` is the message, whose first line the grade table shows.
+    """
+
+    def __init__(self, message: str, details: list[str] | tuple[str, ...] = ()):
+        super().__init__(message)
+        self.details = list(details)
+
+    def _render_traceback_(self) -> list[str]:
+        lines = str(self).splitlines() or [""]
+        return ["Not yet: " + lines[0], *lines[1:], *self.details]
 
 
-def fail(message: str):
-    print("Not yet: " + message)
-    raise ExerciseFailed(message)
+def fail(message: str, details: list[str] | tuple[str, ...] = ()):
+    """Raise ExerciseFailed(message): shown once, as "Not yet: message", with no traceback."""
+    raise ExerciseFailed(message, details)
 
 
 def passed(message: str) -> bool:
+    """Print the pass line ("✓ message"); returns True (a checker decorated with
+    @checker returns None instead, so the check cell echoes nothing)."""
     print("✓ " + message)
     return True
+
+
+def stable_seed(name: str) -> int:
+    """The seed a checker uses when called with seed=None: fixed per checker, so the
+    failing case a learner is debugging does not move between runs."""
+    return zlib.crc32(name.encode())
+
+
+def checker(check):
+    """Decorate a check_* function: seed=None becomes stable_seed(its name) (the same
+    cases every run), and a pass returns None, so a check cell shows only the pass line."""
+    signature = inspect.signature(check)
+    has_seed = "seed" in signature.parameters
+
+    @functools.wraps(check)
+    def wrapper(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        if has_seed and bound.arguments.get("seed") is None:
+            bound.arguments["seed"] = stable_seed(check.__name__)
+        check(*bound.args, **bound.kwargs)
+        return None
+
+    return wrapper
+
+
+# ---------------------------------------------------------------------------
+# Naming the learner's call
+# ---------------------------------------------------------------------------
+def function_name(fn) -> str:
+    """The learner's function's own name (for messages): `my_causal_mask`, not `fn`."""
+    name = getattr(fn, "__name__", None) or getattr(getattr(fn, "__func__", None), "__name__", None)
+    return "your function" if not name or name == "<lambda>" else name
+
+
+def show(value, limit: int = 60) -> str:
+    """A short, readable form of an argument: tensors by shape and dtype, long lists cut."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() <= 8 and value.dim() <= 1:
+            return f"tensor({value.tolist()})"
+        return f"<tensor {list(value.shape)} {str(value.dtype).removeprefix('torch.')}>"
+    if isinstance(value, torch.nn.Module):
+        return f"<{type(value).__name__}>"
+    if hasattr(value, "name") and hasattr(value, "num_layers"):        # a ModelConfig or a shape object
+        return f"<{type(value).__name__} {value.name!r}>"
+    text = repr(value)
+    if len(text) > limit:
+        text = text[:limit - 4] + " ...]" if text[:1] in "[(" else text[:limit - 3] + "..."
+    return text
+
+
+def call_text(fn, *args, **kwargs) -> str:
+    """`my_causal_mask(1, 7)`: the failing case as a call the learner can paste into a cell."""
+    parts = [show(a) for a in args] + [f"{k}={show(v)}" for k, v in kwargs.items()]
+    return f"{function_name(fn)}({', '.join(parts)})"
+
+
+def learner_frames(exc: BaseException) -> list[str]:
+    """The traceback of a crash, without the checker's frames: only the learner's code (and what it called)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_GRADING_DIR)]
+    if not frames:
+        return []
+    return ["Traceback (your code):", *"".join(traceback.format_list(frames[-6:])).rstrip().splitlines()]
+
+
+def crashed(fn, args: tuple, kwargs: dict, exc: BaseException, explain=None):
+    """Turn a crash in the learner's function into one clean message, with a diagnosis when one is known."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    hint = explain(exc) if explain is not None else None
+    message = f"{call_text(fn, *args, **kwargs)} raised {type(exc).__name__}: {first}"
+    if hint:
+        message = f"{call_text(fn, *args, **kwargs)} crashed: {hint} ({type(exc).__name__}: {first})"
+    raise ExerciseFailed(message, learner_frames(exc)) from None
 
 
 # ---------------------------------------------------------------------------
@@ -131,9 +227,7 @@ def forbid(fn, *dotted_names: str, why: str = "write it yourself."):
     helpers a later version adds. Compute the expected values BEFORE entering:
     the engine itself may use them.
     """
-    task = getattr(fn, "__name__", "your function")
-    if task == "<lambda>":
-        task = "your function"
+    task = function_name(fn)
     for dotted in dotted_names:                # handing in the engine's function itself
         resolved = _resolve(dotted)
         if resolved is not None and (fn is getattr(*resolved) or getattr(fn, "__func__", None) is getattr(*resolved)):
@@ -195,7 +289,37 @@ def record_forward(model):
         del model.forward
 
 
-def learner_call(fn, *args, forbidden: tuple[str, ...] = (), why: str = "write it yourself.", **kwargs):
-    """fn(*args, **kwargs) with the forbidden engine functions raising."""
+def learner_call(fn, *args, forbidden: tuple[str, ...] = (), why: str = "write it yourself.", explain=None,
+                 **kwargs):
+    """fn(*args, **kwargs) with the forbidden engine functions raising.
+
+    A crash inside the learner's function (anything but NotImplementedError, which
+    means "not attempted") becomes ExerciseFailed naming the call, with
+    `explain(exc)`'s diagnosis when it returns one, and only the learner's frames.
+    """
     with forbid(fn, *forbidden, why=why):
-        return fn(*args, **kwargs)
+        try:
+            return fn(*args, **kwargs)
+        except (NotImplementedError, ExerciseFailed):
+            raise
+        except Exception as exc:           # noqa: BLE001 (any crash of the learner's code is reported)
+            crashed(fn, args, kwargs, exc, explain)
+
+
+def grade_prediction(name: str, predicted, measured: float, rel_tol: float, why: str = "",
+                     unit: str = "") -> float:
+    """A "predict, then measure" answer: `predicted` (the learner's number, from the
+    chapter's reasoning) against `measured` (the engine's or simulator's), within a
+    stated relative tolerance. Returns the relative error; fails naming both numbers,
+    the tolerance and, in `why`, the reasoning to revisit."""
+    if isinstance(predicted, torch.Tensor) and predicted.numel() == 1:
+        predicted = predicted.item()
+    if isinstance(predicted, bool) or not isinstance(predicted, (int, float)):
+        fail(f"{name}: your prediction is {show(predicted)}; expected a number")
+    if predicted != predicted:                              # NaN
+        fail(f"{name}: your prediction is NaN")
+    error = abs(predicted - measured) / max(abs(measured), 1e-300)
+    if error > rel_tol:
+        fail(f"{name}: you predicted {predicted:,.6g}{unit}, the engine measures {measured:,.6g}{unit}, "
+             f"{error:.0%} off (allowed {rel_tol:.0%}){': ' + why if why else ''}")
+    return error

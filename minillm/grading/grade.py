@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 import sys
 import textwrap
 from dataclasses import dataclass
@@ -99,8 +100,11 @@ def grade_notebook(path: Path, timeout_s: int = 600) -> list[TaskResult]:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, old]))
     ran = True
     try:
+        # The kernel's own log (e.g. ipykernel's "Kernel is running over TCP" warning) would land
+        # in the middle of the table: the learner's output reaches the notebook, not this stderr.
         NotebookClient(nb, timeout=timeout_s, kernel_name="python3", allow_errors=True,
-                       resources={"metadata": {"path": str(path.parent)}}).execute()
+                       resources={"metadata": {"path": str(path.parent)}}).execute(
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     except Exception as exc:                                  # a timeout or a dead kernel
         ran = False
         print(f"{path.name}: execution stopped: {type(exc).__name__}: {_first_line(str(exc))}",
@@ -114,24 +118,23 @@ def grade_notebook(path: Path, timeout_s: int = 600) -> list[TaskResult]:
 
 
 def format_table(results: list[TaskResult], width: int | None = None) -> str:
-    """One row per exercise (a long message wraps onto the lines below it), then the total."""
+    """One row per exercise, its title on one line (never wrapped; a long message wraps
+    onto the lines below it, in the result column), then the total."""
     if not results:
         return "(no graded cells)"
     width = width or max(100, shutil.get_terminal_size((120, 24)).columns)
-    ex_w = min(44, max(len("exercise"), *(len(r.exercise) for r in results)))
-    res_w = max(20, width - ex_w - 12)
+    ex_w = max(len("exercise"), *(len(r.exercise) for r in results))
+    res_w = max(30, width - ex_w - 12)
     rule = "-" * (ex_w + res_w + 10)
     lines = [f"{'exercise':<{ex_w}}  {'result':<{res_w}}  {'points':>6}", rule]
     for r in results:
         result = textwrap.wrap("passed" if r.status == "passed" else r.message, res_w) or [""]
-        title = textwrap.wrap(r.exercise, ex_w) or [""]
-        for i in range(max(len(result), len(title))):
-            left = title[i] if i < len(title) else ""
-            middle = result[i] if i < len(result) else ""
+        for i, middle in enumerate(result):
+            left = r.exercise if i == 0 else ""
             right = f"{r.points:>2}/{r.max_points:<3}" if i == 0 else ""
             lines.append(f"{left:<{ex_w}}  {middle:<{res_w}}  {right}".rstrip())
     earned, total = sum(r.points for r in results), sum(r.max_points for r in results)
-    lines += [rule, f"{'total':<{ex_w}}  {'':<{res_w}}  {earned:>2}/{total:<3}"]
+    lines += [rule, f"{'total':<{ex_w}}  {'':<{res_w}}  {earned:>2}/{total:<3}".rstrip()]
     return "\n".join(lines)
 
 
