@@ -5,7 +5,13 @@ answer to every task here is some part of accounting.step_cost), the expected
 numbers come from _reference/ch05 (held equal to step_cost by the tests), half
 the model shapes are bare objects the engine's helpers refuse, and the
 messages recognise the usual slips (1 FLOP per multiply-add, n*n causal pairs,
-query heads where KV heads belong, K without V).
+query heads where KV heads belong, K without V, a window ignored).
+
+Two tasks go past what chapter 5 prints: the FLOPs of a layer whose attention
+has a sliding window (the chapter's sketch counts full causal attention), and
+the GEMM tile rule, graded first against operator times measured on A100s
+(data/gpu-op-profiles, read with minillm.sim.op_profiles' public loaders, not
+the cost model's fitted factors), then on exact cases.
 """
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ from ..config import PRESETS, ModelConfig
 from ._common import fail as _fail, learner_call, passed
 from ._reference import ch05 as _ref
 
-__all__ = ["check_layer_flops", "check_kv_bytes_per_token", "check_step_traffic"]
+__all__ = ["check_layer_flops", "check_kv_bytes_per_token", "check_step_traffic", "check_tile_aligned_chunk"]
 
 _ACCOUNTING = ("minillm.sim.accounting.step_cost", "minillm.sim.accounting.prefill_cost",
                "minillm.sim.accounting.prefill_flops", "minillm.sim.accounting.causal_pairs",
@@ -25,7 +31,9 @@ _ACCOUNTING = ("minillm.sim.accounting.step_cost", "minillm.sim.accounting.prefi
                "minillm.sim.accounting.kv_write_bytes", "minillm.sim.cost_model.predict_step",
                "minillm.kv_cache.kv_bytes_per_token", "minillm.config.ModelConfig.kv_bytes_per_token",
                "minillm.grading._reference.ch05.layer_flops", "minillm.grading._reference.ch05.step_traffic",
-               "minillm.grading._reference.ch05.kv_bytes_per_token")
+               "minillm.grading._reference.ch05.kv_bytes_per_token",
+               "minillm.grading._reference.ch05.window_layer_flops", "minillm.grading._reference.ch05.window_pairs",
+               "minillm.grading._reference.ch05.tile_aligned_chunk")
 _WHY = "count it from the shapes yourself (that is the exercise)."
 
 
@@ -55,12 +63,28 @@ def _shape(cfg) -> str:
             f"head_dim {cfg.head_dim}, intermediate {cfg.intermediate_size})")
 
 
-def _flops_mistake(got, cfg, n: int, c: int) -> str:
+def _flops_mistake(got, cfg, n: int, c: int, window=None) -> str:
     if not isinstance(got, int):
         return f"Return an int (FLOPs are counted exactly), not {type(got).__name__}. "
-    expected = _ref.layer_flops(cfg, n, c)
-    attention = 4 * (n * c + n * (n + 1) // 2) * cfg.head_dim * cfg.num_heads
+    expected = _ref.window_layer_flops(cfg, n, c, window)
+    per_pair = 4 * cfg.head_dim * cfg.num_heads
+    attention = per_pair * _ref.window_pairs(n, c, window)
     gemm = expected - attention
+    if window is not None and window < c + n:
+        if got == _ref.layer_flops(cfg, n, c):
+            return (f"That is the count without the window: a query sees at most window={window} keys (itself "
+                    "included), so the queries far from the start attend to fewer keys than the causal prefix. ")
+        if got == gemm + per_pair * n * min(window, c + n):
+            return ("You give every query the same number of keys: a query near the start of the sequence has "
+                    "fewer than `window` keys before it. Count per query position. ")
+        if got == gemm + per_pair * (_ref.window_pairs(n, c, window + 1) - n):
+            return ("Off by one at the window's edge: a query sees at most `window` keys INCLUDING its own. ")
+        if got == gemm + per_pair * (n * min(c, window) + n * (n + 1) // 2):
+            return ("The window applies to every key a query sees, the chunk's own keys as well as the cached "
+                    "ones, measured from the query's position. ")
+        if got * 2 == expected:
+            return "You count 1 FLOP per multiply-add; a matmul [M, K] x [K, N] is 2*M*N*K. "
+        return ""
     if got * 2 == expected:
         return "You count 1 FLOP per multiply-add; a matmul [M, K] x [K, N] is 2*M*N*K. "
     if got == gemm:
@@ -84,19 +108,37 @@ def _flops_mistake(got, cfg, n: int, c: int) -> str:
     return ""
 
 
-def check_layer_flops(fn, seed: int | None = None):
-    """fn(cfg, num_new_tokens, num_cached_tokens) -> FLOPs of ONE decoder layer (no LM head)."""
-    rng = random.Random(seed)
+def _flops_cases(rng: random.Random):
+    """(cfg, n, c, window): the window cases first (the chapter's sketch has no window), full
+    causal ones after. Windows are shorter than the context, longer, and in between."""
     configs = _random_configs(rng)
-    for i, cfg in enumerate(configs):
+    cases = [(PRESETS["mistral-7b"], 512, 4000, 4096),       # the chunk crosses the window's edge
+             (PRESETS["llama-3-8b"], 256, 8192, 4096),       # every query sees a full window
+             (PRESETS["qwen3-0.6b"], 64, 0, 16)]             # a fresh prompt longer than its window
+    for cfg in configs:
         n, c = rng.randint(1, 2048), rng.choice([0, rng.randint(1, 4096)])
-        expected = _ref.layer_flops(cfg, n, c)
-        got = learner_call(fn, cfg if i % 2 == 0 else _bare(cfg), n, c, forbidden=_ACCOUNTING, why=_WHY)
+        window = rng.choice([rng.randint(1, 64), rng.randint(1, c + n), rng.randint(c + n, c + n + 100)])
+        cases.append((cfg, n, c, window))
+    for cfg in configs:
+        cases.append((cfg, rng.randint(1, 2048), rng.choice([0, rng.randint(1, 4096)]), None))
+    return cases
+
+
+def check_layer_flops(fn, seed: int | None = None):
+    """fn(cfg, num_new_tokens, num_cached_tokens, window=None) -> FLOPs of ONE decoder layer (no LM head),
+    each query attending to at most `window` keys (itself included); window=None: full causal attention."""
+    rng = random.Random(seed)
+    cases = _flops_cases(rng)
+    for i, (cfg, n, c, window) in enumerate(cases):
+        expected = _ref.window_layer_flops(cfg, n, c, window)
+        args = (cfg if i % 2 == 0 else _bare(cfg), n, c) + (() if window is None else (window,))
+        got = learner_call(fn, *args, forbidden=_ACCOUNTING, why=_WHY)
         if got != expected:
-            _fail(f"{_flops_mistake(got, cfg, n, c)}{_shape(cfg)}, n={n}, c={c}: you return {got!r}, "
-                  f"expected {expected:,}. Remember: 2*M*N*K per matmul, fused q/k/v, gate+up, and "
-                  "n*c + n(n+1)/2 causal pairs.")
-    return passed(f"check_layer_flops: correct on {len(configs)} model shapes")
+            shown = f"window={window}" if window is not None else "no window"
+            _fail(f"{_flops_mistake(got, cfg, n, c, window)}{_shape(cfg)}, n={n}, c={c}, {shown}: you return "
+                  f"{got!r}, expected {expected:,}. Remember: 2*M*N*K per matmul, fused q/k/v, gate+up, and "
+                  "4*head_dim FLOPs per (query, key) pair and query head.")
+    return passed(f"check_layer_flops: correct on {len(cases)} layers, with and without a sliding window")
 
 
 def check_kv_bytes_per_token(fn, seed: int | None = None):
@@ -166,3 +208,79 @@ def check_step_traffic(fn, seed: int | None = None):
                 _fail(f"{key}: you return {got[key]!r}, expected {expected[key]:,} for {where}. "
                       f"{_traffic_hint(key, got[key], expected, requests, cfg)}.")
     return passed("check_step_traffic: FLOPs, weight and KV bytes and the intensity all correct")
+
+
+# ---------------------------------------------------------------------------
+# 4. The GEMM tile rule, graded against measured A100 operator times
+# ---------------------------------------------------------------------------
+_LINEAR = ("qkv_proj", "o_proj", "mlp_gate_up_proj", "mlp_down_proj")
+A100_TILE_ROWS = 128          # where the shipped A100 timings jump: 128 -> 136 rows, 256 -> 264, ...
+MEASURED_GAIN = 1.03          # the least gain in prefill tokens per ms a tile-aligned step must show
+
+
+def _a100_linear_ms() -> dict:
+    """{model: {rows: ms}}: one layer's four linear operators, summed, as measured on an A100."""
+    from ..sim import op_profiles            # on first use: reads the CSVs (a few ms)
+    tables = {}
+    for path in op_profiles.profile_paths():
+        profile = op_profiles.load_gpu_op_profile(path)
+        if profile.gpu != "a100":
+            continue
+        tables[profile.cfg.name] = {rows: 1e3 * sum(profile.times_s[op][i] for op in _LINEAR)
+                                    for i, rows in enumerate(profile.num_tokens)}
+    return tables
+
+
+def check_tile_aligned_chunk(fn, seed: int | None = None):
+    """fn(num_decodes, chunk_size, tile_rows) -> the chunk to schedule beside num_decodes decodes.
+
+    First measured: on every A100 file, with 8-32 decodes and chunks of 256-512, the learner's
+    step must carry its prefill tokens at least 3% cheaper per millisecond than the untrimmed
+    chunk (the times are Vidur's measured per-layer linear operators). Then exact, on random
+    decode counts, chunk sizes and tiles.
+    """
+    rng = random.Random(seed)
+    measured_gains = []
+    for model, ms in sorted(_a100_linear_ms().items()):
+        for num_decodes in (8, 16, 24, 32):
+            for chunk_size in (256, 384, 512):
+                got = learner_call(fn, num_decodes, chunk_size, A100_TILE_ROWS, forbidden=_ACCOUNTING, why=_WHY)
+                call = f"{fn.__name__}({num_decodes}, {chunk_size}, {A100_TILE_ROWS})"
+                if not isinstance(got, int) or not 0 < got <= chunk_size or (num_decodes + got) not in ms:
+                    _fail(f"{call} returned {got!r}: return a chunk size, an int from 1 to chunk_size "
+                          f"({chunk_size}) tokens")
+                untrimmed = chunk_size / ms[num_decodes + chunk_size]
+                yours = got / ms[num_decodes + got]
+                if yours < MEASURED_GAIN * untrimmed:
+                    rows = num_decodes + got
+                    hint = ("You rounded the chunk to the tile; the GEMM's rows are the chunk PLUS the decodes. "
+                            if got == chunk_size // A100_TILE_ROWS * A100_TILE_ROWS else "")
+                    _fail(f"{hint}{call} = {got}: measured on an A100 ({model}, one layer's linear operators), "
+                          f"your step's {rows} rows take {ms[rows]:.3f} ms, {yours:.0f} prefill tokens per ms; "
+                          f"the untrimmed chunk's {num_decodes + chunk_size} rows take "
+                          f"{ms[num_decodes + chunk_size]:.3f} ms, {untrimmed:.0f} per ms. A step that spills a "
+                          "few rows into a new tile pays the whole tile: which rows does the GEMM see?")
+                measured_gains.append(yours / untrimmed)
+    cases = [(0, 512, 128), (8, 512, 128), (130, 512, 128), (40, 1000, 64), (300, 256, 128), (7, 100, 16)]
+    cases += [(rng.randint(0, 300), rng.randint(256, 4096), rng.choice([16, 32, 64, 128, 256])) for _ in range(40)]
+    for num_decodes, chunk_size, tile_rows in cases:
+        expected = _ref.tile_aligned_chunk(num_decodes, chunk_size, tile_rows)
+        got = learner_call(fn, num_decodes, chunk_size, tile_rows, forbidden=_ACCOUNTING, why=_WHY)
+        if got != expected:
+            call = f"{fn.__name__}({num_decodes}, {chunk_size}, {tile_rows})"
+            hint = ""
+            if isinstance(got, int) and got > chunk_size:
+                hint = f"Your chunk is over chunk_size ({chunk_size}): trim, never grow. "
+            elif got == chunk_size // tile_rows * tile_rows:
+                hint = "You rounded the chunk to the tile; it is the chunk PLUS the decodes that fills the tiles. "
+            elif got == chunk_size - num_decodes:
+                hint = ("You take every decode's row out of the chunk; only the rows that spill past the last "
+                        "whole tile need to go. ")
+            elif isinstance(got, int) and (got + num_decodes) % tile_rows == 0:
+                hint = "Your step is a whole number of tiles, but not the largest one that chunk_size allows. "
+            _fail(f"{hint}{call} returned {got!r}, expected {expected}: the step's rows, chunk + decodes, "
+                  "should end on a tile boundary, with the chunk as large as chunk_size allows.")
+    gains = sorted(measured_gains)
+    return passed(f"check_tile_aligned_chunk: measured on {len(gains)} A100 steps, your chunks carry "
+                  f"{gains[0] - 1:.0%} to {gains[-1] - 1:.0%} more prefill tokens per ms than the untrimmed "
+                  f"ones (median {gains[len(gains) // 2] - 1:.0%}); exact on {len(cases)} more cases")

@@ -31,3 +31,25 @@ def step_traffic(cfg, requests, dtype_bytes: int) -> dict:
     return {"flops": flops, "bytes_weights": bytes_weights, "bytes_kv_read": bytes_kv_read,
             "bytes_kv_write": bytes_kv_write,
             "intensity": flops / (bytes_weights + bytes_kv_read + bytes_kv_write)}
+
+
+def window_pairs(num_new: int, num_cached: int, window: int | None) -> int:
+    """Causal (query, key) pairs of a chunk when each query sees at most `window` keys,
+    itself included (a sliding window; None: the whole causal prefix)."""
+    def pairs_before(k: int) -> int:          # pairs of the first k positions, from a fresh start
+        if window is None or k <= window:
+            return k * (k + 1) // 2
+        return window * (window + 1) // 2 + (k - window) * window
+    return pairs_before(num_cached + num_new) - pairs_before(num_cached)
+
+
+def window_layer_flops(cfg, num_new: int, num_cached: int, window: int | None) -> int:
+    """layer_flops with a sliding-window attention: the GEMMs do not change, the pairs do."""
+    attention = 4 * window_pairs(num_new, num_cached, window) * cfg.head_dim * cfg.num_heads
+    return layer_flops(cfg, num_new, 0) - 4 * (num_new * (num_new + 1) // 2) * cfg.head_dim * cfg.num_heads \
+        + attention
+
+
+def tile_aligned_chunk(num_decodes: int, chunk_size: int, tile_rows: int) -> int:
+    """The largest chunk <= chunk_size whose step (chunk + decodes rows) is a whole number of tiles."""
+    return (num_decodes + chunk_size) // tile_rows * tile_rows - num_decodes
