@@ -8,25 +8,30 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 from ..config import ModelConfig
 from ..sim.hardware import PROFILES, get_hardware
 from ..metrics import summarize
+from ..request import RequestMetrics
 from ..scheduler import SchedulerConfig
 from ..sim.simulator import simulate
 from ..sim.workloads import poisson_mix
 from ._common import fail as _fail, forbid, learner_call, passed, spy
 from ._reference import ch07 as _ref
 
-_PICK = ("minillm.book.figures.pick_chunk_size", "minillm.book.figures.best_chunk_size",
-         "minillm.book.lab.pick_chunk_size", "minillm.book.lab.best_chunk_size",
+_PICK = ("minillm.book.figures.pick_chunk_size", "minillm.book.lab.pick_chunk_size",
+         "minillm.book.lab.best_chunk_size",
          "minillm.grading._reference.ch07.pick_chunk_size")
 _SIMULATE = ("minillm.sim.simulator.simulate", "minillm.engine.EngineCore.step",
-             "minillm.grading._reference.ch07.engine_long_ttft", "minillm.grading._reference.ch07.ttft_steps")
+             "minillm.grading._reference.ch07.engine_long_ttft", "minillm.grading._reference.ch07.ttft_steps",
+             "minillm.grading._reference.ch07.engine_worst_gap", "minillm.grading._reference.ch07.chunk_for_gap_slo",
+             "minillm.book.lab.chunk_sweep")
 _SUMMARY = ("minillm.metrics.summarize", "minillm.metrics.meets_slo", "minillm.sim.simulator.SimResult.summary")
 _WHY = "write it from the statement; the checker compares with the package for you."
 
-__all__ = ["check_choose_chunk_size", "check_expected_ttft", "check_goodput", "check_decode_floor"]
+__all__ = ["check_choose_chunk_size", "check_expected_ttft", "check_goodput", "check_decode_floor",
+           "check_chunk_for_gap_slo"]
 
 
 def _close(a, b, rel=1e-9) -> bool:
@@ -50,7 +55,7 @@ def _random_rows(rng: random.Random):
 
 def check_choose_chunk_size(choose_chunk_size, seed: int | None = None, *, num_cases: int = 300):
     """choose_chunk_size(rows, itl_slo_ms) -> chunk size, "off" or None."""
-    rng = random.Random(seed)
+    rng = random.Random(0 if seed is None else seed)      # a fixed case list unless asked
     # Hand-picked first: a TTFT tie (smaller chunk wins, "off" is the largest), an SLO
     # nobody meets, no rows at all, and a 0 ms SLO (the lab's own helper refuses it).
     tie = [{"chunk_size": "off", "long_ttft_s": 0.5, "itl_max_s": 0.01},
@@ -110,7 +115,7 @@ def _diagnose_steps(case, calls):
 
 def check_expected_ttft(expected_ttft, seed: int | None = None, *, num_cases: int = 6):
     """expected_ttft(model, hardware, prompt_len, chunk_size, num_decoders, decoder_context) -> seconds."""
-    rng = random.Random(seed)
+    rng = random.Random(0 if seed is None else seed)      # a fixed case list unless asked
     cases = [("llama-3-8b", "A100-80GB", 2048, 512, 4, 72)]
     while len(cases) < num_cases:
         chunk, n = rng.choice([16, 64, 100, 256, 512, 1000, 2048]), rng.randint(0, 8)
@@ -137,33 +142,65 @@ def check_expected_ttft(expected_ttft, seed: int | None = None, *, num_cases: in
 # ---------------------------------------------------------------------------
 # 3. Goodput
 # ---------------------------------------------------------------------------
+def _unfinished(output, rng: random.Random):
+    """The same request caught mid-stream: a first token (fast), a few more, no finish yet."""
+    m = output.metrics
+    kept = m.token_times[:max(1, len(m.token_times) // 2)]
+    metrics = RequestMetrics(arrival_time=m.arrival_time, first_token_time=kept[0], token_times=list(kept),
+                             finish_time=None)
+    return replace(output, finished=False, finish_reason=None, metrics=metrics,
+                   output_token_ids=output.output_token_ids[:len(kept)])
+
+
 def check_goodput(goodput, seed: int | None = None, *, num_cases: int = 4):
-    """goodput(outputs, ttft_slo_s, tpot_slo_s) -> requests per second meeting both SLOs."""
-    rng = random.Random(seed)
+    """goodput(outputs, ttft_slo_s, tpot_slo_s) -> requests per second meeting both SLOs.
+
+    Every load holds a few requests that have not finished (finish_time None, a fast
+    first token): they are not good yet, and they do not stretch the time span.
+    """
+    rng = random.Random(0 if seed is None else seed)
     for case in range(num_cases):
         # Every other load is mostly 1- to 3-token answers (no TPOT), and the first
         # request (arriving at 0.0) is left out, so a span that starts at 0 shows.
-        load = poisson_mix(num_requests=rng.randint(5, 24), rate_per_s=rng.uniform(2, 20),
+        load = poisson_mix(num_requests=rng.randint(8, 24), rate_per_s=rng.uniform(2, 20),
                            prompt_len=(16, 2048), output_len=(1, 3) if case % 2 else (1, 64),
                            seed=rng.randrange(10**6))
         sched = rng.choice([SchedulerConfig(policy="prefill_first"), SchedulerConfig(chunk_size=256)])
         outputs = simulate(load, sched).outputs[1:]
+        for i in rng.sample(range(len(outputs)), k=min(3, len(outputs) - 2)):
+            outputs[i] = _unfinished(outputs[i], rng)
         ttft_slo_s, tpot_slo_s = rng.uniform(0.05, 1.0), rng.uniform(0.01, 0.05)
         expected = summarize(outputs, ttft_slo_s, tpot_slo_s)["goodput_req_s"]
-        got = learner_call(goodput, outputs, ttft_slo_s, tpot_slo_s, forbidden=_SUMMARY, why=_WHY)
+        finished = [o for o in outputs if o.finished]
+        span_s = max(o.metrics.finish_time for o in finished) - min(o.metrics.arrival_time for o in finished)
+        call = f"{getattr(goodput, '__name__', 'goodput')}(outputs, {ttft_slo_s:.3f}, {tpot_slo_s:.3f})"
+        crashed = None
+        try:
+            got = learner_call(goodput, list(outputs), ttft_slo_s, tpot_slo_s, forbidden=_SUMMARY, why=_WHY)
+        except (TypeError, AttributeError) as error:
+            crashed = f"{type(error).__name__}: {error}"
+        if crashed is not None:
+            _fail(f"{call} raised {crashed}. {len(outputs) - len(finished)} of the {len(outputs)} requests have "
+                  "not finished (o.finished is False, o.metrics.finish_time is None): leave them out, a "
+                  "request is good only once it has finished")
         if not _close(got, expected, 1e-9):
-            good = expected * (max(o.metrics.finish_time for o in outputs)
-                               - min(o.metrics.arrival_time for o in outputs))
+            good = expected * span_s
             hint = ""
-            if isinstance(got, (int, float)) and _close(got, good / max(o.metrics.finish_time for o in outputs), 1e-9):
+            if isinstance(got, (int, float)) and _close(got, good / max(o.metrics.finish_time for o in finished),
+                                                         1e-9):
                 hint = "Your time span starts at 0, not at the first arrival. "
-            elif any(o.metrics.tpot is None for o in outputs):
+            elif isinstance(got, (int, float)) and got > expected and _close(
+                    got, sum(1 for o in outputs if o.metrics.ttft <= ttft_slo_s and (
+                        o.metrics.tpot is None or o.metrics.tpot <= tpot_slo_s)) / span_s, 1e-9):
+                hint = ("You count requests that have not finished (o.finished is False): they have a fast first "
+                        "token but are not good yet. ")
+            elif any(o.metrics.tpot is None for o in finished):
                 hint = "Check the 1-token requests: they have no TPOT and meet any TPOT SLO. "
-            _fail(f"{hint}{len(outputs)} requests, TTFT SLO {ttft_slo_s:.3f} s, TPOT SLO {tpot_slo_s:.3f} s: you "
-                  f"return {got!r} req/s, expected {expected:.4f} (requests meeting both SLOs, divided by the "
-                  f"time from the first arrival to the last finish; a 1-token request has no TPOT and "
-                  f"meets any TPOT SLO)")
-    return passed(f"goodput: {num_cases} random loads agree with metrics.summarize")
+            _fail(f"{hint}{call} on {len(outputs)} requests ({len(finished)} finished) returned {got!r} req/s, "
+                  f"expected {expected:.4f} (finished requests meeting both SLOs, divided by the time from the "
+                  f"first arrival to the last finish among the finished ones; a 1-token request has no TPOT "
+                  f"and meets any TPOT SLO)")
+    return passed(f"goodput: {num_cases} loads, unfinished requests among them, agree with metrics.summarize")
 
 
 # ---------------------------------------------------------------------------
@@ -181,3 +218,93 @@ def check_decode_floor(decode_floor_s, seed: int | None = None):
                     _fail(f"{name} on {hw_name} at {dtype_bytes} bytes per weight: you return {got!r} s, "
                           f"expected {expected:.6f} s (all parameters x bytes, over the datasheet bandwidth)")
     return passed("decode_floor_s: matches for 4 models x 4 GPUs x 2 dtypes")
+
+
+# ---------------------------------------------------------------------------
+# 5. The largest chunk that meets a worst-gap target: predict, then measure
+# ---------------------------------------------------------------------------
+GAP_TOLERANCE = 0.02        # the predicted worst gap must be within 2% of the simulator's
+
+
+def _gap_cases(rng: random.Random):
+    """(model, hardware, prompt_len, num_decoders, decoder_context, candidates, chosen index or None):
+    the target is put between two candidates' measured gaps, so one chunk is the answer."""
+    candidates = [128, 256, 512, 1024, 2048]
+    cases = [("llama-3-8b", "A100-80GB", 3000, 4, 32, candidates, 2),
+             ("llama-3-8b", "H100-SXM", 4000, 8, 16, candidates, 3),
+             ("qwen3-0.6b", "A100-40GB", 2500, 2, 40, candidates, None)]
+    for _ in range(2):
+        num_decoders = rng.randint(1, 8)
+        context = rng.randint(_ref.WARMUP_TOKENS + 1, 128 // num_decoders + 3)
+        cases.append((rng.choice(["llama-3-8b", "llama-2-7b"]), rng.choice(sorted(PROFILES)),
+                      rng.randint(1500, 4000), num_decoders, context,
+                      rng.sample(candidates, 4), rng.randint(0, 3)))
+    return cases
+
+
+def check_chunk_for_gap_slo(fn, seed: int | None = None):
+    """fn(model, hardware, prompt_len, num_decoders, decoder_context, gap_slo_s, candidates)
+    -> (chunk_size, predicted_worst_gap_s), or (None, None) when no candidate meets the target.
+
+    Graded against the simulator: for every candidate the checker measures the streams'
+    worst gap (max ITL) while the long prompt is served; the answer is the largest candidate
+    that meets the target, and the predicted gap must be within 2% of the measured one.
+    """
+    rng = random.Random(0 if seed is None else seed)
+    cases = _gap_cases(rng)
+    for model, hw, prompt_len, n, ctx, candidates, chosen in cases:
+        measured = {c: _ref.engine_worst_gap(model, hw, prompt_len, c, n, ctx) for c in candidates}
+        ordered = sorted(candidates)
+        if chosen is None:
+            slo_s = 0.5 * measured[ordered[0]]
+        else:
+            below = measured[ordered[chosen]]
+            above = measured[ordered[chosen + 1]] if chosen + 1 < len(ordered) else 2 * below
+            slo_s = (below + above) / 2
+        expected_chunk = max((c for c in candidates if measured[c] <= slo_s), default=None)
+        call = (f"{getattr(fn, '__name__', 'your function')}({model!r}, {hw!r}, {prompt_len}, {n}, {ctx}, "
+                f"{slo_s:.5f}, {list(candidates)})")
+        with spy(fn, "minillm.sim.simulator.predict_step") as calls, \
+                forbid(fn, *_SIMULATE, why="predict the steps with predict_step; the checker simulates for you."):
+            got = fn(model, hw, prompt_len, n, ctx, slo_s, list(candidates))
+        if not (isinstance(got, tuple) and len(got) == 2):
+            _fail(f"{call} returned {got!r}: return a pair (chunk_size, predicted worst gap in seconds), "
+                  "or (None, None)")
+        chunk, gap_s = got
+        table = ", ".join(f"{c}: {measured[c] * 1e3:.2f} ms" for c in ordered)
+        if expected_chunk is None:
+            if chunk is not None:
+                _fail(f"{call} returned chunk {chunk!r}; measured worst gaps ({table}) all miss the "
+                      f"{slo_s * 1e3:.2f} ms target: return (None, None)")
+            continue
+        if not calls:
+            _fail(f"{call}: you never call predict_step. Predict each candidate's steps with the cost model; "
+                  "the checker measures them with the simulator")
+        if chunk != expected_chunk:
+            hint = ""
+            if chunk in measured and measured[chunk] > slo_s:
+                hint = (f"Measured, chunk {chunk}'s worst gap is {measured[chunk] * 1e3:.2f} ms, over the target: "
+                        "is your slowest step the slowest one? The last chunks attend over the most cached "
+                        "keys, and every step carries the decodes. ")
+            elif chunk in measured:
+                hint = ("A larger candidate meets the target too: the largest chunk that meets it gives the long "
+                        "prompt the fewest steps, so the best TTFT. ")
+            _fail(f"{hint}{call} chose {chunk!r}; the simulator measures worst gaps {table} for a "
+                  f"{slo_s * 1e3:.2f} ms target, so {expected_chunk}")
+        truth = measured[expected_chunk]
+        if not isinstance(gap_s, (int, float)) or abs(gap_s - truth) > GAP_TOLERANCE * truth:
+            steps = _ref.ttft_steps(prompt_len, chunk, n, ctx)
+            from ..sim.simulator import predict_step
+            first = predict_step(model, steps[0], hw).total
+            alone = max(predict_step(model, step[:1], hw).total for step in steps)
+            hint = ""
+            if isinstance(gap_s, (int, float)) and math.isclose(gap_s, first, rel_tol=1e-6):
+                hint = ("That is the FIRST chunk's step: later chunks attend over more cached keys, so the "
+                        "slowest step comes last. ")
+            elif isinstance(gap_s, (int, float)) and math.isclose(gap_s, alone, rel_tol=1e-6):
+                hint = "Your steps leave out the decodes: every step carries one token per stream. "
+            _fail(f"{hint}{call}: right chunk ({chunk}), but you predict a worst gap of {gap_s!r} s and the "
+                  f"simulator measures {truth:.6f} s (tolerance {GAP_TOLERANCE:.0%}): a stream's gap is one "
+                  "whole step, chunk and decodes together")
+    return passed(f"chunk_for_gap_slo: {len(cases)} targets, your chunks and worst gaps match the simulator's "
+                  f"within {GAP_TOLERANCE:.0%}")

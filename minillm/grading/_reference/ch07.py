@@ -46,3 +46,23 @@ def ttft_steps(prompt_len, chunk_size, num_decoders, decoder_context):
         steps.append([(n, done, done + n == prompt_len)] + [(1, decoder_context + k, True)] * num_decoders)
         done, k = done + n, k + 1
     return steps
+
+
+def engine_worst_gap(model, hardware, prompt_len, chunk_size, num_decoders, decoder_context):
+    """The worst gap (max ITL) the decoding streams see while the simulator serves the long
+    prompt in chunks of chunk_size: the same workload as engine_long_ttft."""
+    workload = long_prompt_interference(
+        prompt_len=prompt_len, num_decoders=num_decoders, warmup_tokens=WARMUP_TOKENS,
+        decoder_prompt_len=decoder_context - WARMUP_TOKENS + 1, long_output_len=1)
+    res = simulate(workload, SchedulerConfig(policy="chunked", chunk_size=chunk_size),
+                   model=model, hardware=hardware)
+    return res.summary()["decoder_itl_max_s"]
+
+
+def chunk_for_gap_slo(model, hardware, prompt_len, num_decoders, decoder_context, gap_slo_s, candidates):
+    """(the largest candidate whose measured worst gap meets gap_slo_s, that gap), or (None, None)."""
+    for chunk in sorted(candidates, reverse=True):
+        gap = engine_worst_gap(model, hardware, prompt_len, chunk, num_decoders, decoder_context)
+        if gap <= gap_slo_s:
+            return chunk, gap
+    return None, None
