@@ -20,7 +20,7 @@ import random
 from types import SimpleNamespace
 
 from ..config import PRESETS, ModelConfig
-from ._common import fail as _fail, learner_call, passed
+from ._common import fail as _fail, learner_call, passed, call_text, checker
 from ._reference import ch05 as _ref
 
 __all__ = ["check_layer_flops", "check_kv_bytes_per_token", "check_step_traffic", "check_tile_aligned_chunk"]
@@ -124,26 +124,27 @@ def _flops_cases(rng: random.Random):
     return cases
 
 
+@checker
 def check_layer_flops(fn, seed: int | None = None):
     """fn(cfg, num_new_tokens, num_cached_tokens, window=None) -> FLOPs of ONE decoder layer (no LM head),
     each query attending to at most `window` keys (itself included); window=None: full causal attention."""
-    rng = random.Random(0 if seed is None else seed)      # a fixed case list unless asked
+    rng = random.Random(seed)
     cases = _flops_cases(rng)
     for i, (cfg, n, c, window) in enumerate(cases):
         expected = _ref.window_layer_flops(cfg, n, c, window)
         args = (cfg if i % 2 == 0 else _bare(cfg), n, c) + (() if window is None else (window,))
         got = learner_call(fn, *args, forbidden=_ACCOUNTING, why=_WHY)
         if got != expected:
-            shown = f"window={window}" if window is not None else "no window"
-            _fail(f"{_flops_mistake(got, cfg, n, c, window)}{_shape(cfg)}, n={n}, c={c}, {shown}: you return "
-                  f"{got!r}, expected {expected:,}. Remember: 2*M*N*K per matmul, fused q/k/v, gate+up, and "
+            _fail(f"{_flops_mistake(got, cfg, n, c, window)}{call_text(fn, *args)} with the {_shape(cfg)} "
+                  f"returned {got!r}, expected {expected:,}. Remember: 2*M*N*K per matmul, fused q/k/v, gate+up, and "
                   "4*head_dim FLOPs per (query, key) pair and query head.")
     return passed(f"check_layer_flops: correct on {len(cases)} layers, with and without a sliding window")
 
 
+@checker
 def check_kv_bytes_per_token(fn, seed: int | None = None):
     """fn(cfg, dtype_bytes) -> bytes of K and V one token adds to the cache (all layers)."""
-    rng = random.Random(0 if seed is None else seed)      # a fixed case list unless asked
+    rng = random.Random(seed)
     configs = _random_configs(rng)
     for i, cfg in enumerate(configs):
         dtype_bytes = rng.choice([1, 2, 4])
@@ -186,9 +187,10 @@ def _traffic_hint(key: str, got, expected: dict, requests, cfg) -> str:
     return "flops / (bytes_weights + bytes_kv_read + bytes_kv_write)"
 
 
+@checker
 def check_step_traffic(fn, seed: int | None = None):
     """fn(cfg, requests, dtype_bytes) -> dict of flops, bytes_weights, bytes_kv_read, bytes_kv_write, intensity."""
-    rng = random.Random(0 if seed is None else seed)      # a fixed case list unless asked
+    rng = random.Random(seed)
     for i, cfg in enumerate(_random_configs(rng)):
         requests = [(1, rng.randint(0, 4000)) for _ in range(rng.randint(0, 32))]
         requests.append((rng.randint(1, 1024), rng.randint(0, 2048), rng.random() < 0.5))
@@ -231,6 +233,7 @@ def _a100_linear_ms() -> dict:
     return tables
 
 
+@checker
 def check_tile_aligned_chunk(fn, seed: int | None = None):
     """fn(num_decodes, chunk_size, tile_rows) -> the chunk to schedule beside num_decodes decodes.
 
@@ -239,13 +242,13 @@ def check_tile_aligned_chunk(fn, seed: int | None = None):
     chunk (the times are Vidur's measured per-layer linear operators). Then exact, on random
     decode counts, chunk sizes and tiles.
     """
-    rng = random.Random(0 if seed is None else seed)      # a fixed case list unless asked
+    rng = random.Random(seed)
     measured_gains = []
     for model, ms in sorted(_a100_linear_ms().items()):
         for num_decodes in (8, 16, 24, 32):
             for chunk_size in (256, 384, 512):
                 got = learner_call(fn, num_decodes, chunk_size, A100_TILE_ROWS, forbidden=_ACCOUNTING, why=_WHY)
-                call = f"{fn.__name__}({num_decodes}, {chunk_size}, {A100_TILE_ROWS})"
+                call = call_text(fn, num_decodes, chunk_size, A100_TILE_ROWS)
                 if not isinstance(got, int) or not 0 < got <= chunk_size or (num_decodes + got) not in ms:
                     _fail(f"{call} returned {got!r}: return a chunk size, an int from 1 to chunk_size "
                           f"({chunk_size}) tokens")
@@ -267,7 +270,7 @@ def check_tile_aligned_chunk(fn, seed: int | None = None):
         expected = _ref.tile_aligned_chunk(num_decodes, chunk_size, tile_rows)
         got = learner_call(fn, num_decodes, chunk_size, tile_rows, forbidden=_ACCOUNTING, why=_WHY)
         if got != expected:
-            call = f"{fn.__name__}({num_decodes}, {chunk_size}, {tile_rows})"
+            call = call_text(fn, num_decodes, chunk_size, tile_rows)
             hint = ""
             if isinstance(got, int) and got > chunk_size:
                 hint = f"Your chunk is over chunk_size ({chunk_size}): trim, never grow. "

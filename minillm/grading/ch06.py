@@ -12,7 +12,7 @@ import random
 
 from ..chunk_sizing import prefill_work      # bound here: forbidding it in the module leaves this name
 from ..request import RequestMetrics
-from ._common import fail as _fail, learner_call, passed
+from ._common import fail as _fail, grade_prediction, learner_call, passed, spy, call_text, checker
 from ._reference import ch06 as _ref
 
 _SCHEDULER = ("minillm.scheduler.Scheduler.schedule", "minillm.scheduler.Scheduler._schedule_chunked",
@@ -27,7 +27,7 @@ _METRICS = ("minillm.request.RequestMetrics.ttft", "minillm.request.RequestMetri
 _WHY = "work it out from the rules in the statement; the checker compares with the engine for you."
 
 __all__ = ["check_schedule_chunked", "check_stream_metrics", "check_num_prefill_steps",
-           "check_equal_work_chunks"]
+           "check_equal_work_chunks", "check_predicted_stall"]
 
 
 
@@ -91,13 +91,14 @@ def _check_plan_invariants(plan, decoding, prefilling, chunk_size, token_budget)
     return None
 
 
+@checker
 def check_schedule_chunked(fn, seed: int | None = None, num_states: int = 300):
     """fn(decoding, prefilling, chunk_size, token_budget) -> [(request_id, num_tokens)].
 
     Checked by the invariants on random states, then against the engine's
     Scheduler on the same states.
     """
-    rng = random.Random(0 if seed is None else seed)      # a fixed case list unless asked
+    rng = random.Random(seed)
     # A few hand-picked states first: the ones that catch the usual slips.
     states = [([1, 2], [(3, 1000)], 512, None), ([1, 2, 3], [(4, 100), (5, 100)], 64, None),
               ([1, 2, 3, 4], [(5, 10), (6, 10)], 512, 12), ([], [(1, 5), (2, 7), (3, 9)], 10, None),
@@ -121,12 +122,13 @@ def check_schedule_chunked(fn, seed: int | None = None, num_states: int = 300):
 # ---------------------------------------------------------------------------
 # 2. TTFT, TPOT and ITL from token timestamps
 # ---------------------------------------------------------------------------
+@checker
 def check_stream_metrics(fn, seed: int | None = None):
     """fn(arrival_time, token_times) -> dict with "ttft", "tpot", "itl" (seconds).
 
     tpot is None for fewer than two tokens. Compared with RequestMetrics.
     """
-    rng = random.Random(0 if seed is None else seed)      # a fixed case list unless asked
+    rng = random.Random(seed)
     cases = [(0.0, [0.5]), (1.0, [1.2, 1.25, 1.3, 2.3, 2.35])]   # one token; a stall
     for _ in range(50):
         arrival = rng.uniform(0, 10)
@@ -162,9 +164,10 @@ def check_stream_metrics(fn, seed: int | None = None):
 # ---------------------------------------------------------------------------
 # 3. How many steps does a prompt need?
 # ---------------------------------------------------------------------------
+@checker
 def check_num_prefill_steps(fn, seed: int | None = None):
     """fn(prompt_len, chunk_size, num_decoding, token_budget) -> steps until the first token."""
-    rng = random.Random(0 if seed is None else seed)      # a fixed case list unless asked
+    rng = random.Random(seed)
     cases = [(2048, 512, 4, None), (1024, 256, 0, None), (1000, 512, 4, 516), (1000, 512, 100, 300), (1, 64, 3, None)]
     for _ in range(12):
         num_decoding = rng.randint(0, 16)
@@ -191,9 +194,10 @@ def check_num_prefill_steps(fn, seed: int | None = None):
 # ---------------------------------------------------------------------------
 # 4. Chunks of equal work
 # ---------------------------------------------------------------------------
+@checker
 def check_equal_work_chunks(fn, seed: int | None = None):
     """fn(prompt_len, chunk_size, break_even) -> the chunk sizes of equal work."""
-    rng = random.Random(0 if seed is None else seed)      # a fixed case list unless asked
+    rng = random.Random(seed)
     cases = [(2048, 256, 2944), (1024, 128, 2944), (1000, 256, 0), (100, 256, 500), (2048, 256, 10**9)]
     for _ in range(12):
         cases.append((rng.randint(1, 5000), rng.choice([16, 64, 256, rng.randint(4, 900)]),
@@ -229,3 +233,52 @@ def check_equal_work_chunks(fn, seed: int | None = None):
               f"({total} here), i.e. work(m) * num_chunks >= k * total: {why}")
     return passed(f"check_equal_work_chunks: correct on {len(cases)} prompts, the same chunks as the engine's "
                   "equal_work scheduler")
+
+
+# ---------------------------------------------------------------------------
+# 5. The stall a prompt causes: predict, then measure
+# ---------------------------------------------------------------------------
+STALL_TOLERANCE = 0.02
+_SIMULATE = ("minillm.sim.simulator.simulate", "minillm.engine.EngineCore.step",
+             "minillm.grading._reference.ch06.simulated_stall")
+
+
+@checker
+def check_predicted_stall(fn, seed: int | None = None, *, num_cases: int = 6):
+    """fn(model, hardware, prompt_len, num_decoders, decoder_context) -> the streams' worst gap
+    (seconds) under prefill_first, predicted with predict_step; graded against the simulator."""
+    from ..sim.hardware import PROFILES
+    from ..sim.simulator import predict_step
+    rng = random.Random(seed)
+    cases = [("llama-3-8b", "A100-80GB", 3000, 4, 72), ("qwen3-0.6b", "H100-SXM", 2000, 2, 200)]
+    while len(cases) < num_cases:
+        cases.append((rng.choice(["llama-3-8b", "llama-2-7b", "qwen3-0.6b"]), rng.choice(sorted(PROFILES)),
+                      rng.randint(200, 4000), rng.randint(1, 16), rng.randint(WARMUP + 1, 400)))
+    errors = []
+    for model, hw, prompt_len, n, ctx in cases:
+        measured = _ref.simulated_stall(model, hw, prompt_len, n, ctx)
+        args = (model, hw, prompt_len, n, ctx)
+        with spy(fn, "minillm.sim.simulator.predict_step") as calls:
+            got = learner_call(fn, *args, forbidden=_SIMULATE, why="predict it with predict_step; the checker "
+                               "simulates for you.")
+        if not calls:
+            _fail(f"{call_text(fn, *args)}: you never call predict_step. Price the steps the stream waits "
+                  "through with the cost model; the checker measures them with the simulator")
+        prefill_s = predict_step(model, [(prompt_len, 0)], hw).total
+        decodes_s = predict_step(model, [(1, ctx)] * n, hw).total
+        mixed_s = predict_step(model, [(prompt_len, 0)] + [(1, ctx)] * n, hw).total
+        why = "a stream's gap runs from its token before the prompt's step to its next one"
+        if isinstance(got, (int, float)) and not isinstance(got, bool):
+            if math.isclose(got, prefill_s, rel_tol=1e-3):
+                why = ("you price the prompt's step alone: the stream's next token comes at the end of the NEXT "
+                       "step, a decode step, so the gap spans both")
+            elif math.isclose(got, mixed_s, rel_tol=1e-3) or math.isclose(got, mixed_s + decodes_s, rel_tol=1e-3):
+                why = ("under prefill_first the prompt runs whole and ALONE: the decodes wait for the next step, "
+                       "they do not ride along")
+        errors.append(grade_prediction(f"{call_text(fn, *args)} (the worst gap under prefill_first)", got, measured,
+                                       STALL_TOLERANCE, why=why, unit=" s"))
+    return passed(f"predicted_stall: {len(cases)} stalls predicted within {max(errors):.2%} of the simulator's "
+                  f"(tolerance {STALL_TOLERANCE:.0%})")
+
+
+WARMUP = _ref.WARMUP_TOKENS

@@ -2,14 +2,17 @@
 # # Exercises 6: the scheduler
 #
 # Write each function, then run the check cell below it: it compares your function with
-# the engine (its `Scheduler`, its `RequestMetrics`, its step loop) on fresh random
-# inputs and says what is wrong. None of these needs a model: they run in a second.
+# the engine (its `Scheduler`, its `RequestMetrics`, its step loop, its simulator) and
+# says what is wrong. None of these needs a model: they run in seconds. The last task goes
+# past the chapter: predict the stall a prompt causes from the cost model, then let the
+# simulator measure it.
 
 # %%
 import math
 
 import minillm.grading as ex
 from minillm.request import RequestMetrics
+from minillm.sim.simulator import predict_step
 
 # %% [markdown]
 # ## 1. The chunked policy as a pure function
@@ -33,9 +36,9 @@ from minillm.request import RequestMetrics
 #
 # <details><summary>Hint</summary>
 #
-# Start the plan with `(rid, 1)` for every decode. The prompts share
-# `min(chunk_size, token_budget - len(decoding))` tokens (just `chunk_size` without a budget):
-# walk them in order, give each `min(tokens_left, what is left)`, stop when nothing is left.
+# Who is served first, and what is left of the step for the prompts once they are? Two
+# limits bound the prompts' share; then walk the prompts in order and ask how much each
+# one can take.
 #
 # </details>
 
@@ -56,7 +59,7 @@ def schedule_chunked(decoding, prefilling, chunk_size, token_budget):
     ### END SOLUTION
 
 # %%
-ex.check_schedule_chunked(schedule_chunked)  # points: 2
+ex.check_schedule_chunked(schedule_chunked)  # points: 1
 # The articles' example: three streams decoding, a 2048-token prompt, chunks of 512.
 assert schedule_chunked([1, 2, 3], [(4, 2048)], 512, None) == [(1, 1), (2, 1), (3, 1), (4, 512)]
 
@@ -71,8 +74,8 @@ assert schedule_chunked([1, 2, 3], [(4, 2048)], 512, None) == [(1, 1), (2, 1), (
 #
 # <details><summary>Hint</summary>
 #
-# `itl` pairs each token with the next: `zip(token_times, token_times[1:])`. TPOT averages the gaps
-# after the first token: `(last - first) / (n - 1)`, and there is none for a single token.
+# Which gaps does an ITL list hold, and is the wait for the first token one of them?
+# TPOT is a mean over which gaps, and what is it when there are none?
 #
 # </details>
 
@@ -121,7 +124,7 @@ def num_prefill_steps(prompt_len, chunk_size, num_decoding, token_budget):
     ### END SOLUTION
 
 # %%
-ex.check_num_prefill_steps(num_prefill_steps)  # points: 2
+ex.check_num_prefill_steps(num_prefill_steps)  # points: 1
 # vLLM-style: one budget for everything. 64 streams and a 512-token budget leave 448
 # prefill tokens per step, so an 8192-token prompt takes 19 steps, not 16.
 assert num_prefill_steps(8192, 512, 64, 512) == 19
@@ -177,3 +180,42 @@ ex.check_equal_work_chunks(equal_work_chunks)  # points: 2
 sizes = equal_work_chunks(2048, 256, 2944)
 print(sizes)
 assert len(sizes) == 8 and sizes[0] > 256 > sizes[-1]
+
+# %% [markdown]
+# ## 5. The stall a prompt causes: predict, then measure
+#
+# Chapter 6 measured the stall: under `prefill_first` one long prompt stops every stream
+# for a whole prefill. Now predict it before anything runs. `num_decoders` streams are
+# decoding, each with `decoder_context` tokens in its KV cache, when a `prompt_len`-token
+# prompt arrives; the policy is `prefill_first` (a step that has a waiting prompt runs it
+# whole, and the running decodes wait). Write `predicted_stall(model, hardware, prompt_len,
+# num_decoders, decoder_context)`: the worst gap, in seconds, between two tokens of a
+# stream, from the cost model's step times `predict_step(model, step, hardware).total`
+# (a step is a list of `(num_new_tokens, num_cached_tokens)`; a decode is `(1, context)`).
+# You may call `predict_step`; not the simulator.
+#
+# The checker then **measures**: the simulator serves the same streams and prompt and
+# reads the streams' max ITL. Your prediction must be within 2% of it.
+#
+# <details><summary>Hint</summary>
+#
+# A stream's gap runs from one of its tokens to the next. Which steps end between those two
+# tokens, and what does each of them hold?
+#
+# </details>
+
+# %%
+def predicted_stall(model, hardware, prompt_len, num_decoders, decoder_context):
+    ### BEGIN SOLUTION
+    prompt_step_s = predict_step(model, [(prompt_len, 0)], hardware).total
+    next_decode_s = predict_step(model, [(1, decoder_context)] * num_decoders, hardware).total
+    return prompt_step_s + next_decode_s
+    ### END SOLUTION
+
+# %%
+ex.check_predicted_stall(predicted_stall)  # points: 5
+stall_s = predicted_stall("llama-3-8b", "A100-80GB", 2048, 4, 72)
+decode_s = predict_step("llama-3-8b", [(1, 72)] * 4, "A100-80GB").total
+print(f"a 2048-token prompt stalls 4 Llama-3-8B streams on an A100 for {stall_s * 1e3:.0f} ms, "
+      f"{stall_s / decode_s:.0f}x their usual gap")
+assert stall_s > 5 * decode_s

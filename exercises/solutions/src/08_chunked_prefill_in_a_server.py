@@ -1,11 +1,14 @@
 # %% [markdown]
 # # Exercises 8: chunked prefill in a server
 #
-# Four small functions from chapter 8: name KV blocks the way vLLM's prefix cache does,
-# count what a cached prompt still computes, plan one step under the long-prefill cap,
-# and score a serving layout by DistServe's goodput. Each checker compares your function
-# with the engine's own pieces on fresh random cases (and switches off the engine's
-# version while yours runs). Fill in the bodies where it says `raise NotImplementedError`.
+# Six functions from chapter 8: name KV blocks the way vLLM's prefix cache does, count
+# what a cached prompt still computes, plan one step under the long-prefill cap, score a
+# serving layout by DistServe's goodput, then two the chapter does not work out for you:
+# which cached blocks an allocation evicts (reference counts and the LRU list), and how
+# many prompt tokens a shared system prompt saves (predicted, then measured by the
+# engine). Each checker compares your function with the engine's own pieces (and
+# switches off the engine's version while yours runs). Fill in the bodies where it says
+# `raise NotImplementedError`.
 
 # %%
 import hashlib
@@ -24,7 +27,8 @@ from minillm.prefix_cache import ROOT_HASH, hash_block
 #
 # <details><summary>Hint</summary>
 #
-# Loop over the starts of the full blocks only (`len(token_ids) // block_size * block_size`) and feed each hash in as the next block's parent.
+# How many full blocks are there, and what does each block's hash need from the block
+# before it?
 #
 # </details>
 
@@ -40,7 +44,7 @@ def chain_hashes(token_ids, block_size):
 
 
 # %%
-ex.check_chain_hashes(chain_hashes)  # points: 2
+ex.check_chain_hashes(chain_hashes)  # points: 1
 
 # %% [markdown]
 # ## 2. What a cached prompt still computes
@@ -52,7 +56,8 @@ ex.check_chain_hashes(chain_hashes)  # points: 2
 #
 # <details><summary>Hint</summary>
 #
-# The most a hit can cover is the full blocks of the first `prompt_len - 1` tokens: `(prompt_len - 1) // block_size * block_size`.
+# Which token must run whatever the cache holds? Then: a hit is made of whole blocks, so
+# how many whole blocks fit before that token?
 #
 # </details>
 
@@ -95,7 +100,7 @@ def plan_prefill_step(prompt_lens, chunk_size, threshold):
 
 
 # %%
-ex.check_plan_prefill_step(plan_prefill_step)  # points: 3
+ex.check_plan_prefill_step(plan_prefill_step)  # points: 2
 
 # %% [markdown]
 # ## 4. DistServe's goodput
@@ -109,7 +114,7 @@ ex.check_plan_prefill_step(plan_prefill_step)  # points: 3
 #
 # <details><summary>Hint</summary>
 #
-# `sorted(attainment_by_rate)` gives the rates upward; `break` at the first whose attainment is below `target`.
+# Walk the rates in increasing order: what do you keep, and when do you stop?
 #
 # </details>
 
@@ -126,4 +131,92 @@ def goodput_rate(attainment_by_rate, target):
 
 
 # %%
-ex.check_goodput_rate(goodput_rate)  # points: 2
+ex.check_goodput_rate(goodput_rate)  # points: 1
+
+# %% [markdown]
+# ## 5. Which cached blocks an allocation evicts
+#
+# Chapter 8 (section 1) shows how the prefix cache takes a block: a clean block if there
+# is one, else it evicts the least recently used cached block. Work out the order yourself.
+#
+# `eviction_order(tables, finish_order, num_clean, num_needed)`: `tables` maps each
+# request to its block table, a list of block ids; every block in it is full, computed and
+# named in the cache, and requests that share a prefix share its blocks (the same id in
+# several tables, one reference each). The requests in `finish_order` leave, in that
+# order; the others keep running. The pool also holds `num_clean` clean free blocks. Then a
+# new request (no cache hit) takes `num_needed` blocks, one at a time. Return the cached
+# blocks it evicts, in order (taking a clean block is not an eviction).
+#
+# The engine's rules: a block is freed when its reference count falls to 0, and a cached
+# block that is freed joins the end of the LRU list; a leaving request releases its
+# blocks **tail first** (its last block first), so a long prefix's tail is evicted before
+# its head. You may not call the block manager (`PrefixCachingBlockManager`, `BlockManager`).
+#
+# <details><summary>Hint</summary>
+#
+# Keep a count of holders per block and an ordered list of evictable blocks. When does a
+# block enter the list, and which end of the list does an allocation take from once the
+# clean blocks are gone?
+#
+# </details>
+
+# %%
+def eviction_order(tables, finish_order, num_clean, num_needed):
+    ### BEGIN SOLUTION
+    holders = {}
+    for table in tables.values():
+        for block in table:
+            holders[block] = holders.get(block, 0) + 1
+    lru = []
+    for request_id in finish_order:
+        for block in reversed(tables[request_id]):
+            holders[block] -= 1
+            if holders[block] == 0:
+                lru.append(block)
+    return lru[:max(0, num_needed - num_clean)]
+    ### END SOLUTION
+
+
+# %%
+ex.check_eviction_order(eviction_order)  # points: 3
+
+# %% [markdown]
+# ## 6. The prefill a shared system prompt saves: predict, then measure
+#
+# Chats share a `system_len`-token system prompt; chat `i` adds `user_lens[i]` tokens of
+# its own (all different from the other chats'). They reach one engine with prefix caching
+# on, blocks of `block_size` tokens and plenty of them, one after another: each arrives after
+# the one before has finished. `prefill_tokens_saved(system_len, user_lens, block_size)`:
+# predict how many prompt tokens each chat's steps compute, a list (one number per chat).
+# You may call your own `tokens_to_compute`; not the engine, the simulator or the prefix
+# cache.
+#
+# The checker then **measures**: it serves the same chats with the engine's scheduler and
+# prefix-caching block manager (a model-free executor) and counts each chat's prefill
+# tokens from the engine's trace. The tolerance is zero: a prefix cache works in whole
+# blocks, so your count is right or it is wrong by whole blocks.
+#
+# <details><summary>Hint</summary>
+#
+# What is cached when chat `i` arrives, and which of those blocks can it match? Think about
+# the block that holds the last system-prompt token and the first user tokens, and about a
+# chat that adds nothing to the system prompt.
+#
+# </details>
+
+# %%
+def prefill_tokens_saved(system_len, user_lens, block_size):
+    ### BEGIN SOLUTION
+    computed = []
+    for i, user_len in enumerate(user_lens):
+        cached_blocks = 0 if i == 0 else system_len // block_size
+        computed.append(tokens_to_compute(system_len + user_len, cached_blocks, block_size))
+    return computed
+    ### END SOLUTION
+
+
+# %%
+ex.check_prefill_tokens_saved(prefill_tokens_saved)  # points: 3
+chats = prefill_tokens_saved(2048, [64] * 16, 16)
+print(f"16 chats, a 2048-token system prompt: {sum(chats)} of {16 * (2048 + 64)} prompt tokens computed")
+assert sum(chats) < 0.2 * 16 * (2048 + 64)

@@ -104,3 +104,19 @@ def engine_equal_work_chunks(prompt_len: int, chunk_size: int, break_even: int) 
         core.step()
         sizes += [n for r, n in core.trace[-1].scheduled if r == rid]
     return sizes
+
+
+WARMUP_TOKENS = 4
+
+
+def simulated_stall(model, hardware, prompt_len: int, num_decoders: int, decoder_context: int) -> float:
+    """The worst gap (max ITL) the streams see when the long prompt arrives under
+    prefill_first, measured by the simulator: num_decoders streams with decoder_context
+    tokens cached each when the prompt arrives."""
+    from ...sim.simulator import simulate
+    from ...sim.workloads import long_prompt_interference
+    workload = long_prompt_interference(prompt_len=prompt_len, num_decoders=num_decoders,
+                                        warmup_tokens=WARMUP_TOKENS,
+                                        decoder_prompt_len=decoder_context - WARMUP_TOKENS + 1, long_output_len=1)
+    res = simulate(workload, SchedulerConfig(policy="prefill_first"), model=model, hardware=hardware)
+    return res.summary()["decoder_itl_max_s"]
