@@ -97,6 +97,33 @@ def _float32_rope(x, positions, theta):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
+def _all_float32_rope(x, positions, theta):
+    """What a hint without a word on dtype gave: torch's default float32 for frequencies and angles."""
+    half = x.shape[-1] // 2
+    inv_freq = theta ** (-torch.arange(half) * 2 / x.shape[-1])
+    angles = positions[:, None] * inv_freq
+    cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def _chapter_rope(x, positions, theta):
+    """Chapter 2's printed RoPE (apply_rope over rope_cos_sin's angles), transcribed as a learner would
+    (calling the engine's is refused): the chapter's code applied to the stored keys at the new positions."""
+    return rope(x, positions, theta)
+
+
+def move_rope(k, old, new, theta):
+    return rope(k, new - old, theta)
+
+
+def num_parameters(cfg):
+    d, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    layer = d * q + 2 * d * kv + q * d + 3 * d * cfg.intermediate_size + 2 * d \
+        + (q + 2 * kv if cfg.attention_bias else 0) + (2 * cfg.head_dim if cfg.qk_norm else 0)
+    return cfg.num_layers * layer + cfg.vocab_size * d * (1 if cfg.tie_word_embeddings else 2) + d
+
+
 def repeat_kv(k, num_heads):
     return k.repeat_interleave(num_heads // k.shape[1], dim=1)
 
@@ -318,10 +345,31 @@ CASES = {
         ("unrotated", lambda x, p, theta: x, "unrotated"),
         ("minus_angle", lambda x, p, theta: rope(x, -p, theta), "-angle"),
         ("float32_freq", lambda x, p, theta: _float32_rope(x, p, theta), "float32"),
+        ("float32_everything", lambda x, p, theta: _all_float32_rope(x, p, theta), "float32"),
+        ("positions_ignored", lambda x, p, theta: rope(x, torch.arange(len(p)), theta), "ignore `positions`"),
+    ]),
+    "check_move_rope": (move_rope, [
+        ("engine", lambda k, o, n, theta: apply_rope(k, *rope_cos_sin(_rope_cfg(k, theta), n - o, torch.float64)),
+         "engine's own answer"),
+        # the chapter's printed apply_rope, applied at the new positions: rotated twice
+        ("chapter_rope_at_new", lambda k, o, n, theta: _chapter_rope(k, n, theta), "NEW positions' full angle"),
+        ("wrong_direction", lambda k, o, n, theta: rope(k, o - n, theta), "opposite direction"),
+        ("unchanged", lambda k, o, n, theta: k.clone(), "unchanged"),
+    ]),
+    "check_num_parameters": (num_parameters, [
+        ("engine", lambda cfg: cfg.num_parameters(), "engine's own answer"),
+        ("builds_the_model", lambda cfg: sum(p.numel() for p in minillm.build_model(cfg).parameters()),
+         "engine's own answer"),
+        ("always_untied", lambda cfg: num_parameters(cfg) + (cfg.vocab_size * cfg.hidden_size
+                                                             if cfg.tie_word_embeddings else 0), "counted once"),
+        ("no_gqa", lambda cfg: num_parameters(cfg.replace(num_kv_heads=cfg.num_heads)), "GQA"),
+        ("no_norms", lambda cfg: num_parameters(cfg) - cfg.num_layers * 2 * cfg.hidden_size - cfg.hidden_size,
+         "two norms"),
+        ("hard_coded", lambda cfg: 8_030_261_248, "you predicted"),
     ]),
     "check_repeat_kv": (repeat_kv, [
         ("engine", lambda k, h: minillm.attention._expand_kv_heads(k, h), "engine's own answer"),
-        ("tiled", lambda k, h: k.repeat(1, h // k.shape[1], 1), "repeat_interleave"),
+        ("tiled", lambda k, h: k.repeat(1, h // k.shape[1], 1), "tiled (0,1,0,1)"),
     ]),
     "check_swiglu": (swiglu, [
         ("engine", lambda x, g, u, d: _engine_mlp(x, g, u, d), "engine's own answer"),
