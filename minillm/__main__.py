@@ -8,6 +8,11 @@ USAGE = """usage: python -m minillm COMMAND [options]
 commands:
   bench [chunk-cost|interference|hf|hf-real|simulator|memory|lab|capacity|prefix-cache|partial-prefills|steps|all]
         [--out DIR]                                    benchmarks on this device
+  bench serve --base-url URL [...]                     measure any OpenAI-compatible server from
+                                                       the client, as `vllm bench serve` does
+  serve [--model tiny|smollm2-135m-instruct|FILE.gguf] [--port 8000] [--policy chunked]
+        [--max-num-batched-tokens N] [--long-prefill-token-threshold N] [--max-num-seqs N]
+        [--max-waiting N]                              an OpenAI-compatible server (see serve --help)
   figures [--out DIR]                                  regenerate the README's figures
   grade [NOTEBOOK.ipynb | FOLDER ...]                  run exercise notebooks, print the grades
 """
@@ -19,6 +24,12 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0
     command, rest = argv[0], argv[1:]
+    if command == "serve":
+        from .serve.cli import main as serve_main
+        return serve_main(rest)
+    if command == "bench" and rest[:1] == ["serve"]:     # before the book's benchmarks
+        from .serve.bench_client import main as bench_serve_main
+        return bench_serve_main(rest[1:])
     if command == "bench":
         from .book.bench import main as bench_main
         return bench_main(rest)

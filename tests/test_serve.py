@@ -1,0 +1,227 @@
+"""The server over HTTP, on the tiny model, bound to 127.0.0.1 on a free port.
+
+One server process serves most tests (module fixture); the queue-bound and
+SIGTERM tests start their own. Nothing here asserts a wall time: the machine
+is shared. Assertions are on what load cannot change: token ids, counts,
+status codes, error shapes, the order of events, and inequalities that
+causality fixes (a client's TTFT contains the engine's).
+"""
+import asyncio
+import json
+import random
+import time
+
+import httpx
+import pytest
+
+import minillm
+from minillm.serve.bench_client import benchmark
+from minillm.serve.launch import ServerProcess
+from minillm.serve.metrics_export import parse_prometheus
+from minillm.tokenizer import ByteTokenizer
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ServerProcess(["--model", "tiny", "--max-num-seqs", "64", "--chunk-size", "256"]) as s:
+        print(f"\nserver start to first /health answer on tiny: {s.startup_s:.1f} s")
+        yield s
+
+
+@pytest.fixture(scope="module")
+def offline_engine():
+    model = minillm.build_model("tiny", seed=0)
+    return minillm.LLMEngine(model, minillm.SchedulerConfig(max_num_seqs=64))
+
+
+def greedy(engine, prompts, max_tokens):
+    params = minillm.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    return [o.output_token_ids for o in engine.generate([ByteTokenizer().encode(p) for p in prompts], params)]
+
+
+def metrics(url):
+    return parse_prometheus(httpx.get(url + "/metrics").text)
+
+
+def test_server_starts_and_answers_its_first_request(server):
+    t = time.perf_counter()
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=60)
+    first_answer_s = time.perf_counter() - t
+    print(f"start to /health: {server.startup_s:.1f} s; first answer: {first_answer_s:.2f} s more")
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+    models = httpx.get(server.url + "/v1/models").json()["data"]
+    assert models[0]["id"] == "tiny" and models[0]["root"] == "tiny"
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_official_openai_client_streams_the_offline_greedy_tokens(server, offline_engine):
+    import openai
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    prompt = "The official client reads this stream"
+    chunks = list(client.completions.create(
+        model="tiny", prompt=prompt, max_tokens=12, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True, "return_token_ids": True}))
+    token_chunks = [c for c in chunks if c.choices]
+    assert [t for c in token_chunks for t in c.choices[0].token_ids] == greedy(offline_engine, [prompt], 12)[0]
+    assert len(token_chunks) == 12, "one chunk per token, the first one carrying the first token"
+    assert token_chunks[-1].choices[0].finish_reason == "length"
+    assert chunks[-1].usage.completion_tokens == 12 and chunks[-1].usage.prompt_tokens == len(prompt) + 1
+
+    chat = list(client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": [{"type": "text", "text": "hello"}]}],
+        max_completion_tokens=5, stream=True, stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True}))
+    with_choices = [c for c in chat if c.choices]
+    assert with_choices[0].choices[0].delta.role == "assistant", "the first chunk names the role..."
+    assert len(with_choices) == 5, "...in the first token's chunk: no role-only chunk before it"
+    assert chat[-1].usage.completion_tokens == 5
+
+
+BAD_INPUTS = [
+    ("/v1/completions", b'{"prompt": "x", "max_tokens": ', "body"),
+    ("/v1/completions", b'["a list"]', "body"),
+    ("/v1/completions", {"prompt": 42, "max_tokens": 4}, "prompt"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": "many"}, "max_tokens"),
+    ("/v1/completions", {"prompt": "x" * 5000, "max_tokens": 4}, "prompt"),
+    ("/v1/completions", {"prompt": "x", "temperature": -1}, "temperature"),
+    ("/v1/completions", {"prompt": "x", "top_p": 0}, "top_p"),
+    ("/v1/completions", {"prompt": "x", "n": 2}, "n"),
+    ("/v1/completions", {"prompt": "x", "stream": "yes"}, "stream"),
+    ("/v1/chat/completions", {"messages": "hello"}, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+     "messages[0].content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -3},
+     "max_completion_tokens"),
+]
+
+
+@pytest.mark.parametrize("path,body,param", BAD_INPUTS, ids=[p for _, _, p in BAD_INPUTS])
+def test_bad_input_gets_400_in_the_openai_error_shape_naming_the_field(server, path, body, param):
+    kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
+    r = httpx.post(server.url + path, timeout=30, **kwargs)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+    assert param.split("[")[0] in error["message"]
+
+
+def test_unknown_fields_are_ignored_and_known_ones_honoured(server, offline_engine):
+    body = {"prompt": "abc", "max_tokens": 6, "temperature": 0, "ignore_eos": True, "repetition_penalty": 1.0,
+            "logprobs": None, "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            "some_future_field": {"x": 1}, "return_token_ids": True}
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["token_ids"] == greedy(offline_engine, ["abc"], 6)[0]
+    seeded = [httpx.post(server.url + "/v1/completions", timeout=30, json={
+        "prompt": "abc", "max_tokens": 8, "temperature": 1.0, "seed": 7, "ignore_eos": True,
+        "return_token_ids": True}).json()["choices"][0]["token_ids"] for _ in range(2)]
+    assert seeded[0] == seeded[1], "the same seed samples the same tokens"
+
+
+async def _stream(client, url, prompt, max_tokens, disconnect_after):
+    """(token ids, finish_reason); closes the connection after disconnect_after chunks when not None."""
+    ids, reason = [], None
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
+            "return_token_ids": True}
+    async with client.stream("POST", url + "/v1/completions", json=body) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            choice = json.loads(line[6:])["choices"][0]
+            ids += choice["token_ids"]
+            reason = choice["finish_reason"]
+            if disconnect_after is not None and len(ids) >= disconnect_after:
+                return ids, "client left"
+    return ids, reason
+
+
+def test_64_streams_a_quarter_disconnected_the_rest_exact_no_block_leaked(server, offline_engine):
+    rng = random.Random(0)
+    num, max_tokens = 64, 24
+    prompts = [f"stream {i}: " + "abcdefgh"[i % 8] * rng.randint(4, 60) for i in range(num)]
+    leaving = set(rng.sample(range(num), num // 4))
+    leave_after = {i: rng.randint(1, max_tokens - 4) for i in leaving}
+    before = metrics(server.url)
+
+    async def run():
+        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=None)) as client:
+            return await asyncio.gather(*(_stream(client, server.url, p, max_tokens, leave_after.get(i))
+                                          for i, p in enumerate(prompts)))
+    results = asyncio.run(run())
+    expected = greedy(offline_engine, prompts, max_tokens)
+    for i, (ids, reason) in enumerate(results):
+        if i in leaving:
+            assert ids == expected[i][:len(ids)], f"stream {i}: its tokens before it left"
+        else:
+            assert reason == "length" and ids == expected[i], f"stream {i} differs from offline greedy"
+
+    deadline = time.monotonic() + 30                 # aborts are handled at the next step boundary
+    while (state := httpx.get(server.url + "/debug/engine").json())["has_unfinished_requests"]:
+        assert time.monotonic() < deadline, state
+        time.sleep(0.05)
+    assert state["num_free_blocks"] == state["num_blocks"], "a request left KV blocks behind"
+
+    after = metrics(server.url)
+    delta = {k: after[k] - before.get(k, 0) for k in after}
+    assert delta["minillm:request_arrivals_total"] == num
+    # a stream that leaves late may have been finished by the engine before its abort arrived
+    finished = delta['minillm:request_success_total{finished_reason="length"}']
+    aborted = delta.get('minillm:request_success_total{finished_reason="abort"}', 0)
+    assert finished + aborted == num and num - len(leaving) <= finished
+    generated = delta["minillm:generation_tokens_total"]
+    received = sum(len(ids) for ids, _ in results)
+    assert received <= generated <= (num - len(leaving)) * max_tokens + len(leaving) * max_tokens
+    assert delta["minillm:time_to_first_token_seconds_count"] == num
+    assert delta["minillm:inter_token_latency_seconds_count"] == generated - num
+    assert after["minillm:num_requests_running"] == 0 and after["minillm:num_requests_waiting"] == 0
+
+
+def test_bench_client_agrees_with_the_engine_stamps_of_the_same_requests(server):
+    result = benchmark(server.url, num_prompts=8, input_len=64, output_len=24, max_concurrency=8,
+                       compare_engine=True, seed=1, goodput=["ttft:60000", "tpot:60000"])
+    assert result["completed"] == 8 and result["failed"] == 0
+    stamps = {s["id"]: s for s in httpx.get(server.url + "/debug/requests").json()["requests"]}
+    for rec in result["requests"]:
+        engine = stamps[rec["response_id"]]
+        # one chunk per token, and the client counts what the engine made
+        assert len(rec["chunk_times"]) == rec["output_tokens"] == engine["completion_tokens"] == 24
+        # the client's interval contains the engine's: POST before arrival, first chunk after the token
+        assert rec["ttft"] >= engine["ttft"] and rec["latency"] >= engine["token_times"][-1] - engine["arrival_time"]
+    cmp = result["engine_comparison"]
+    print(f"client/engine, same run: TTFT {cmp['ttft_ratio']:.3f}, TPOT {cmp['tpot_ratio']:.3f}")
+    assert cmp["ttft_ratio"] >= 1.0
+    # 23 gaps: the client's TPOT moves from the engine's only by the jitter of two deliveries
+    assert 0.5 < cmp["tpot_ratio"] < 2.0
+    assert result["goodput"] == pytest.approx(8 / result["duration_s"])
+
+
+def test_full_waiting_queue_is_refused_at_once_not_queued():
+    with ServerProcess(["--model", "tiny", "--max-num-seqs", "1", "--max-waiting", "1"]) as s:
+        async def run():
+            async with httpx.AsyncClient(timeout=120) as client:
+                body = {"prompt": "x", "max_tokens": 400, "ignore_eos": True, "stream": True}
+                async with client.stream("POST", s.url + "/v1/completions", json=body) as running:
+                    lines = running.aiter_lines()
+                    async for line in lines:              # the first request is running...
+                        if line.startswith("data: "):
+                            break
+                    waiting = asyncio.create_task(client.post(s.url + "/v1/completions", json={
+                        "prompt": "y", "max_tokens": 2}))
+                    while (await client.get(s.url + "/debug/engine")).json()["num_waiting"] < 1:
+                        await asyncio.sleep(0.01)        # ...and the second waits
+                    refused = await client.post(s.url + "/v1/completions", json={"prompt": "z", "max_tokens": 2})
+                    still_running = not waiting.done()
+                    return refused, still_running, await waiting
+        refused, still_running, waited = asyncio.run(run())
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "429"
+        assert still_running, "the refusal came while the first request still ran: at once, not after a wait"
+        assert waited.status_code == 200
+
+
+def test_sigterm_finishes_cleanly_with_exit_code_0():
+    server = ServerProcess(["--model", "tiny"]).start()
+    assert httpx.post(server.url + "/v1/completions", json={"prompt": "a", "max_tokens": 2}).status_code == 200
+    assert server.stop() == 0
