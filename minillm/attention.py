@@ -14,9 +14,13 @@ Backends:
                decodes batched in padded buckets
   "flash"      flash-attn's varlen kernel reading the paged cache directly
                (CUDA only; needs `pip install flash-attn`, block_size % 256 == 0)
+  "triton"     one Triton kernel launch per layer for the whole step, through the
+               block tables (kernels/triton_attention.py): compiled on CUDA, run by
+               triton's interpreter on CPU tensors; the default on CUDA (default_backend)
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import dataclass, field
 
@@ -26,7 +30,7 @@ import torch.nn.functional as F
 from . import kernels
 from .kv_cache import blocks_for, gather_kv, view_kv
 
-BACKENDS = ("reference", "sdpa", "flash")
+BACKENDS = ("reference", "sdpa", "flash", "triton")
 FLASH_BLOCK_MULTIPLE = 256  # flash-attn's paged KV needs page sizes divisible by 256
 DECODE_BUCKET = 8           # decodes per padded SDPA call at most (sorted by length)
 # What one more SDPA call (and its gather) costs, in padded cached tokens of
@@ -268,20 +272,33 @@ def read_cached_prefixes(pool: torch.Tensor, batch: AttentionBatch) -> list:
             for n, c, table in zip(batch.query_lens, batch.cached_lens, batch.block_tables)]
 
 
+def default_backend(device) -> str:
+    """"triton" on a CUDA device where triton is installed, else "sdpa"."""
+    if torch.device(device).type == "cuda" and importlib.util.find_spec("triton") is not None:
+        return "triton"
+    return "sdpa"
+
+
 def paged_attention(q, k_new, v_new, k_cache, v_cache, batch: AttentionBatch,
-                    backend: str = "sdpa", prefixes: list | None = None):
+                    backend: str | None = "sdpa", prefixes: list | None = None):
     """Write the new K/V into the cache, then attend for every request.
 
     q: [T, Hq, D]; k_new, v_new: [T, Hkv, D] -> out [T, Hq, D]
+    backend: one of BACKENDS, or None for default_backend(q.device).
     prefixes: this layer's (k, v) cached prefix of each prefill chunk where the
     caller has it as a view for the whole step (read_cached_prefixes); None
     entries (or prefixes=None) are gathered here.
     """
+    backend = default_backend(q.device) if backend is None else backend
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: must be one of {BACKENDS}")
     write_kv(k_cache, v_cache, k_new, v_new, batch.slot_mapping)
     if backend == "flash":
         return _flash_paged(q, k_cache, v_cache, batch)
+    if backend == "triton":
+        # Imported on first use: importing it picks triton's interpreter or compiler for the process.
+        from .kernels.triton_attention import triton_paged_attention
+        return triton_paged_attention(q, k_cache, v_cache, batch)
     out = torch.empty_like(q)
     starts = batch.row_starts()
     if backend == "reference":
