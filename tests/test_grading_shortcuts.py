@@ -152,6 +152,59 @@ def fit(cfg, num_bytes, block_size, dtype_bytes):
     return num_bytes // (block_size * 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype_bytes)
 
 
+def append_slot(table, n, refs, free, block_size):
+    table, offset = list(table), n % block_size
+    if offset == 0:
+        block = free.pop(0)
+        refs[block] = 1
+        return table + [block], block * block_size, None
+    last = table[-1]
+    if refs[last] == 1:
+        return table, last * block_size + offset, None
+    block = free.pop(0)
+    refs[block], refs[last] = 1, refs[last] - 1
+    table[-1] = block
+    return table, block * block_size + offset, (last, block)
+
+
+def _append_no_copy(table, n, refs, free, block_size):
+    """Chapter 3's printed allocate + slot_mapping, transcribed: no reference counts, no copy."""
+    table = list(table)
+    if n % block_size == 0:
+        block = free.pop(0)
+        refs[block] = 1
+        table.append(block)
+    return table, table[n // block_size] * block_size + n % block_size, None
+
+
+def _append_always_copy(table, n, refs, free, block_size):
+    if n % block_size == 0:
+        return append_slot(table, n, refs, free, block_size)
+    table, last, block = list(table), table[-1], free.pop(0)
+    refs[block], refs[last] = 1, refs[last] - 1
+    table[-1] = block
+    return table, block * block_size + n % block_size, (last, block)
+
+
+def _append_keeps_count(table, n, refs, free, block_size):
+    before = list(refs)
+    out = append_slot(table, n, refs, free, block_size)
+    if out[2] is not None:
+        refs[out[2][0]] = before[out[2][0]]
+    return out
+
+
+def _append_new_block(table, n, refs, free, block_size):
+    block = free.pop(0)
+    refs[block] = 1
+    return list(table) + [block], block * block_size + n % block_size, None
+
+
+def forward_tokens(prompt_len, num_output_tokens):
+    n = num_output_tokens
+    return n * prompt_len + n * (n - 1) // 2, prompt_len + n - 1
+
+
 def bounds(num_tokens, chunk_size):
     return [(s, min(s + chunk_size, num_tokens)) for s in range(0, num_tokens, chunk_size)]
 
@@ -395,11 +448,25 @@ CASES = {
     ]),
     "check_blocks_that_fit": (fit, [
         ("engine", lambda cfg, n, b, d: blocks_that_fit(cfg, n, b, d), "engine's own answer"),
+        # chapter 3 teaches cfg.kv_bytes_per_token: refused by name, never an AttributeError
+        ("kv_bytes_per_token", lambda cfg, n, b, d: n // (b * cfg.kv_bytes_per_token(d)), "engine's own answer"),
         ("k_only", lambda cfg, n, b, d: fit(cfg, 2 * n, b, d), "K only"),
         ("query_heads", lambda cfg, n, b, d: n // (b * 2 * cfg.num_layers * cfg.num_heads * cfg.head_dim * d),
          "query heads"),
         ("derived_head_dim", lambda cfg, n, b, d: n // (b * 2 * cfg.num_layers * cfg.num_kv_heads
                                                         * (cfg.hidden_size // cfg.num_heads) * d), "head_dim"),
+    ]),
+    "check_append_slot": (append_slot, [
+        # the chapter's printed allocate + slot_mapping: a new block when full, else write in place
+        ("chapter_no_copy", lambda t, n, r, f, b: _append_no_copy(t, n, r, f, b), "Copy it to a fresh block"),
+        ("always_copy", lambda t, n, r, f, b: _append_always_copy(t, n, r, f, b), "no copy is needed"),
+        ("keeps_old_count", lambda t, n, r, f, b: _append_keeps_count(t, n, r, f, b), "ref count must drop"),
+        ("new_block_every_token", lambda t, n, r, f, b: _append_new_block(t, n, r, f, b), "only a full last"),
+    ]),
+    "check_forward_tokens": (forward_tokens, [
+        ("one_pass_per_output_with_cache", lambda p, n: (forward_tokens(p, n)[0], p + n), "prefill's pass"),
+        ("last_token_fed_back", lambda p, n: (forward_tokens(p, n + 1)[0], p + n - 1), "never fed back"),
+        ("hard_coded", lambda p, n: (10, 5), "you predicted"),
     ]),
     "check_step_mask": (step_mask, [
         ("engine", lambda qs, cs: torch.block_diag(*(causal_mask(q, c + q) for q, c in zip(qs, cs))),
