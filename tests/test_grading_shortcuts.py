@@ -209,17 +209,60 @@ def bounds(num_tokens, chunk_size):
     return [(s, min(s + chunk_size, num_tokens)) for s in range(0, num_tokens, chunk_size)]
 
 
-def chunked_prefill(model, token_ids, chunk_size, block_size=16, positions_from_zero=False, cached=True):
+def chunked_prefill(model, token_ids, chunk_size, block_size=16, positions_from_zero=False, cached=True,
+                    chunk_blocks_only=False):
     T = len(token_ids)
     blocks = BlockManager(-(-T // block_size), block_size)
     table = blocks.allocate("p", T)
     cache = PagedKVCache.for_model(model.cfg, blocks.num_blocks, block_size, model.dtype, model.device)
     for start, end in bounds(T, chunk_size):
-        batch = AttentionBatch([end - start], [start if cached else 0], [table], block_size,
+        mine = table[start // block_size:-(-end // block_size)] if chunk_blocks_only else table
+        batch = AttentionBatch([end - start], [start if cached else 0], [mine], block_size,
                                torch.tensor(blocks.slot_mapping("p", start, end)))
         positions = torch.arange(0, end - start) if positions_from_zero else torch.arange(start, end)
         model(torch.tensor(token_ids[start:end]), positions, batch, cache, backend="reference")
     return cache.gather(table, T)
+
+
+def _with_top_left_mask(prefill, model, token_ids, chunk_size):
+    """The chapter's bug 1: the reference attention's mask aligned top-left, inside the learner's run."""
+    from unittest import mock
+    original = minillm.attention.reference_attention
+    with mock.patch.object(minillm.attention, "reference_attention",
+                           lambda q, k, v, *a, **kw: original(q, k, v, align="top_left")):
+        return prefill(model, token_ids, chunk_size)
+
+
+def packed(model, prompts, chunk_size, block_size=16, global_positions=False, first_table_only=False):
+    blocks = BlockManager(sum(-(-len(p) // block_size) for p in prompts), block_size)
+    tables = [blocks.allocate(r, len(p)) for r, p in enumerate(prompts)]
+    cache = PagedKVCache.for_model(model.cfg, blocks.num_blocks, block_size, model.dtype, model.device)
+    done = [0] * len(prompts)
+    while any(d < len(p) for d, p in zip(done, prompts)):
+        rows = [r for r, p in enumerate(prompts) if done[r] < len(p)]
+        ends = {r: min(done[r] + chunk_size, len(prompts[r])) for r in rows}
+        batch = AttentionBatch([ends[r] - done[r] for r in rows], [done[r] for r in rows],
+                               [tables[rows[0] if first_table_only else r] for r in rows], block_size,
+                               torch.tensor(sum((blocks.slot_mapping(r, done[r], ends[r]) for r in rows), [])))
+        tokens = torch.tensor(sum((prompts[r][done[r]:ends[r]] for r in rows), []))
+        positions = torch.arange(len(tokens)) if global_positions else \
+            torch.cat([torch.arange(done[r], ends[r]) for r in rows])
+        model(tokens, positions, batch, cache, backend="reference")
+        done = [ends.get(r, d) for r, d in enumerate(done)]
+    return [cache.gather(tables[r], len(p)) for r, p in enumerate(prompts)]
+
+
+def work(num_tokens, chunk_size):
+    return num_tokens * (num_tokens + 1) // 2, sum(range(0, num_tokens, chunk_size))
+
+
+def _engine_reads(num_tokens, chunk_size):
+    from minillm.grading._common import record_forward
+    model = minillm.build_model(ModelConfig(name="w", vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1,
+                                            num_heads=1, num_kv_heads=1), seed=0)
+    with record_forward(model) as record:
+        minillm.prefill_kv(model, [1] * num_tokens, chunk_size=chunk_size)
+    return sum(c for call in record.calls for c in call.cached_lens)
 
 
 def _layer_errors(model, token_ids, kv):
@@ -479,6 +522,7 @@ CASES = {
         ("grader_helper", lambda qs, cs: minillm.grading.ch04._packed(qs, cs), "engine's own answer"),
     ]),
     "check_chunk_bounds": (bounds, [
+        ("lists", lambda n, c: [[s, e] for s, e in bounds(n, c)], "TUPLES"),
         ("overruns", lambda n, c: [(s, s + c) for s in range(0, n, c)], "past num_tokens"),
         ("drops_last", lambda n, c: [(s, s + c) for s in range(0, n - c + 1, c)], "short last one"),
         ("hard_coded", lambda n, c: [(0, 4), (4, 8), (8, 10)], "expected"),
@@ -490,6 +534,30 @@ CASES = {
         ("one_pass", lambda m, t, c: chunked_prefill(m, t, len(t)), "forward pass"),
         ("positions_from_zero", lambda m, t, c: chunked_prefill(m, t, c, positions_from_zero=True), "absolute"),
         ("no_cache", lambda m, t, c: chunked_prefill(m, t, c, cached=False), "cached_lens"),
+        ("chunk_blocks_only", lambda m, t, c: chunked_prefill(m, t, c, chunk_blocks_only=True),
+         "block table that does not cover the keys"),
+        ("top_left_mask", lambda m, t, c: _with_top_left_mask(chunked_prefill, m, t, c), "TOP-LEFT"),
+    ]),
+    "check_layer0_question": ({"positions restart": "K", "top-left mask": "neither"}, [
+        ("both_both", {"positions restart": "both", "top-left mask": "both"}, "RoPE"),
+        ("mask_touches_k", {"positions restart": "K", "top-left mask": "K"}, "the mask"),
+        ("not_a_choice", {"positions restart": "keys", "top-left mask": "neither"}, "choose one of"),
+        ("missing_key", {"positions restart": "K"}, "exactly the keys"),
+    ]),
+    "check_packed_chunked_prefill": (packed, [
+        # the chapter's my_chunked_prefill, once per prompt: right KV, but one pass per request and chunk
+        ("chapter_per_prompt", lambda m, ps, c: [chunked_prefill(m, p, c) for p in ps], "PACK them"),
+        ("engine", lambda m, ps, c: [minillm.prefill_kv(m, p)[0] for p in ps], "engine's own answer"),
+        ("positions_packed_from_zero", lambda m, ps, c: packed(m, ps, c, global_positions=True), "ITS OWN absolute"),
+        ("shared_table", lambda m, ps, c: packed(m, ps, c, first_table_only=True), "its own block table"),
+    ]),
+    "check_chunked_prefill_work": (work, [
+        ("rectangles", lambda t, c: (sum(min(c, t - s) * min(s + c, t) for s in range(0, t, c)), work(t, c)[1]),
+         "whole [n, s + n] rectangle"),
+        ("reads_every_chunk_end", lambda t, c: (work(t, c)[0], sum(min(s + c, t) for s in range(0, t, c))),
+         "cached keys read"),
+        ("engine", lambda t, c: (t * (t + 1) // 2, _engine_reads(t, c)), "engine's own answer"),
+        ("hard_coded", lambda t, c: (2080, 0), "pairs"),
     ]),
     "check_position_bug_errors": (position_bug_errors, [
         ("hard_coded", lambda m, t, c: [1.0, 1.0] if c < len(t) else [0.0, 0.0], "restarting at 0"),
@@ -498,99 +566,7 @@ CASES = {
         ("no_bug", lambda m, t, c: _layer_errors(m, t, chunked_prefill(m, t, c)), "restarting at 0"),
         ("engine_full", lambda m, t, c: _layer_errors(m, t, minillm.prefill_kv(m, t)[0]), "restarting at 0"),
     ]),
-    "check_layer_flops": (layer_flops, [
-        ("engine", lambda cfg, n, c: step_cost(cfg, [(n, c, False)]).flops // cfg.num_layers, "engine's own answer"),
-        ("one_flop_per_mac", lambda cfg, n, c: layer_flops(cfg, n, c) // 2, "2*M*N*K"),
-        ("square_pairs", lambda cfg, n, c: layer_flops(cfg, n, c) + 4 * (n * n - n * (n + 1) // 2)
-         * cfg.head_dim * cfg.num_heads, "up to ITSELF"),
-        ("kv_heads", lambda cfg, n, c: layer_flops(cfg, n, c) - 4 * (n * c + n * (n + 1) // 2) * cfg.head_dim
-         * (cfg.num_heads - cfg.num_kv_heads), "QUERY head"),
-        ("no_o_proj", lambda cfg, n, c: layer_flops(cfg, n, c) - 2 * n * cfg.q_size * cfg.hidden_size,
-         "output projection"),
-        ("kv_as_q", lambda cfg, n, c: layer_flops(cfg, n, c) + 4 * n * cfg.hidden_size * (cfg.q_size - cfg.kv_size),
-         "grouped-query"),
-        ("scores_only", lambda cfg, n, c: layer_flops(cfg, n, c) - 2 * (n * c + n * (n + 1) // 2) * cfg.head_dim
-         * cfg.num_heads, "weighted values"),
-    ]),
-    "check_kv_bytes_per_token": (kv_bytes, [
-        ("engine", lambda cfg, d: cfg.kv_bytes_per_token(d), "engine's own answer"),
-        ("k_only", lambda cfg, d: kv_bytes(cfg, d) // 2, "K only"),
-        ("one_layer", lambda cfg, d: kv_bytes(cfg, d) // cfg.num_layers, "one layer"),
-    ]),
-    "check_step_traffic": (step_traffic, [
-        ("engine", lambda cfg, r, d: _traffic_from(step_cost(cfg, r, d)), "engine's own answer"),
-        ("no_lm_head", lambda cfg, r, d: step_traffic(cfg, r, d, lm_head=False), "LM head"),
-        ("with_activations", lambda cfg, r, d: {**step_traffic(cfg, r, d), "intensity": 0.9
-                                                * step_traffic(cfg, r, d)["intensity"]}, "intensity"),
-    ]),
-    "check_schedule_chunked": (schedule, [
-        ("engine", lambda *a: _ref06().engine_schedule_chunked(*a), "engine's own answer"),
-        ("chunk_per_request", lambda d, p, c, b: [(r, 1) for r in d] + [(r, min(n, c)) for r, n in p], "chunk_size"),
-        ("ignores_budget", lambda d, p, c, b: schedule(d, p, c, None), "token_budget"),
-        ("prefill_before_decodes", lambda d, p, c, b: schedule([], p, c if b is None else min(c, b), None)
-         + [(r, 1) for r in d], "before any prompt"),
-        ("overgrants", lambda d, p, c, b: [(r, 1) for r in d] + ([(p[0][0], c)] if p else []), "over token_budget"),
-        ("skips_big_prompt", lambda *a: _skips_big_prompt(*a), "as many tokens as the step has left"),
-        ("zero_entries", lambda d, p, c, b: schedule(d, p, c, b) + [(r, 0) for r, _ in p
-                                                                  if r not in dict(schedule(d, p, c, b))],
-         "leave out requests that get nothing"),
-    ]),
-    "check_stream_metrics": (stream_metrics, [
-        ("engine", _engine_metrics, "engine's own answer"),
-        ("tpot_over_all", lambda a, t: {**stream_metrics(a, t), "tpot": (t[-1] - a) / len(t) if len(t) > 1 else None}, "AFTER the first"),
-        ("itl_with_ttft", lambda a, t: {**stream_metrics(a, t), "itl": [t[0] - a] + stream_metrics(a, t)["itl"]},
-         "TTFT, not an ITL"),
-        ("tpot_zero_for_one_token", lambda a, t: {**stream_metrics(a, t), "tpot": stream_metrics(a, t)["tpot"] or 0.0},
-         "tpot must be None"),
-        ("ttft_from_zero", lambda a, t: {**stream_metrics(a, t), "ttft": t[0]}, "first token - arrival"),
-    ]),
-    "check_num_prefill_steps": (prefill_steps, [
-        ("engine", lambda *a: _ref06().engine_num_prefill_steps(*a), "engine's own answer"),
-        ("ignores_decodes", lambda p, c, n, b: math.ceil(p / c), "decodes take their tokens first"),
-        ("hard_coded", lambda p, c, n, b: 4, "decodes take their tokens first"),
-        ("floor_division", lambda p, c, n, b: p // (c if b is None else min(c, b - n)), "round up"),
-        ("budget_for_prefill_alone", lambda p, c, n, b: math.ceil(p / (c if b is None else min(c, b))),
-         "token_budget - num_decoding"),
-    ]),
-    "check_equal_work_chunks": (equal_work, [
-        ("engine", lambda *a: minillm.chunk_sizing.equal_work_chunks(*a), "engine's own answer"),
-        ("fixed_tokens", lambda p, c, k: [c] * (p // c) + ([p % c] if p % c else []), "equal tokens is the fixed"),
-        ("no_chunking", lambda p, c, k: [p], "as many chunks as"),
-        ("too_many_chunks", lambda p, c, k: equal_work(p, c, k) + [0], "as many chunks as"),
-        ("last_chunk_dropped", lambda p, c, k: equal_work(p, c, k)[:-1], "the chunks tile the prompt"),
-        ("one_chunk_more", lambda p, c, k: equal_work(p, max(1, c - 1), k), "as many chunks as"),
-        ("rounded_down", _rounded_down, "round up, not down"),
-        ("no_own_key", lambda p, c, k: _equal_work_with(p, c, lambda m: m * k + m * (m - 1) // 2), "own key"),
-        ("hard_coded", lambda p, c, k: [327, 297, 275, 255, 241, 228, 218, 207], "add up to"),
-    ]),
-    "check_choose_chunk_size": (choose, [
-        ("lab", lambda rows, slo: _ref07().pick_chunk_size(rows, slo), "engine's own answer"),
-        ("smallest_gap", lambda rows, slo: min(rows, key=lambda r: r["itl_max_s"])["chunk_size"] if
-         any(r["itl_max_s"] * 1e3 <= slo for r in rows) else None, "smallest gap"),
-        ("no_filter", lambda rows, slo: min(rows, key=_ttft_then_size)["chunk_size"] if rows else None,
-         "filter first"),
-        ("no_tie_break", lambda rows, slo: min((r for r in rows if r["itl_max_s"] * 1e3 <= slo),
-                                              key=lambda r: r["long_ttft_s"], default={"chunk_size": None})
-         ["chunk_size"], "tie-break"),
-    ]),
-    "check_expected_ttft": (expected_ttft, [
-        ("simulator", lambda *a: _ref07().engine_long_ttft(*a), "engine's own answer"),
-        ("no_decodes", lambda m, h, p, c, n, ctx: expected_ttft(m, h, p, c, 0, ctx), "should be"),
-        ("one_step", lambda m, h, p, c, n, ctx: expected_ttft(m, h, p, p, n, ctx), "steps, one call each"),
-        ("contexts_one_ahead", lambda m, h, p, c, n, ctx: expected_ttft(m, h, p, c, n, ctx + 1), "should be"),
-        ("hard_coded", lambda *a: 0.25, "sum predict_step"),
-    ]),
-    "check_goodput": (goodput, [
-        ("summarize", lambda o, a, b: minillm.metrics.summarize(o, a, b)["goodput_req_s"], "engine's own answer"),
-        ("throughput", lambda o, a, b: goodput(o, math.inf, math.inf), "meeting both SLOs"),
-        ("span_from_zero", lambda o, a, b: goodput(o, a, b) * _span(o) / max(x.metrics.finish_time for x in o),
-         "starts at 0"),
-        ("one_token_fails", lambda o, a, b: sum(x.metrics.ttft <= a and x.metrics.tpot is not None
-                                                 and x.metrics.tpot <= b for x in o) / _span(o), "1-token"),
-    ]),
-    "check_decode_floor": (decode_floor, [
-        ("bf16_always", lambda cfg, hw, d=2: decode_floor(cfg, hw, 2), "bytes"),
-    ]),
+    # chapters 5-8: tests/test_grading_ch05_08.py
 }
 
 
@@ -729,11 +705,9 @@ def test_the_package_exports_only_checkers_and_every_one_is_tested():
     assert all(name.startswith("check_") for name in ex.__all__)
     assert not [name for name in dir(ex) if not name.startswith("_") and callable(getattr(ex, name))
                 and not name.startswith("check_")]
-    # Chapter 8's checkers have their own file of correct answers and shortcuts.
-    ch08_tests = (Path(__file__).parent / "test_exercises_ch08.py").read_text()
-    from minillm.grading import ch08
-    assert all(f"ch08.{name}(" in ch08_tests for name in ch08.__all__), "a chapter-8 checker is never tested"
-    assert sorted(ex.__all__) == sorted(set(CASES) | set(ch08.__all__))
+    # Chapters 5-8's checkers have their own file of correct answers and shortcuts.
+    from test_grading_ch05_08 import CASES as CH05_08
+    assert sorted(ex.__all__) == sorted(set(CASES) | set(CH05_08))
 
 
 @pytest.mark.parametrize("checker", sorted(CASES))
@@ -778,37 +752,6 @@ def test_forbidden_functions_are_restored_after_a_check():
     assert before == (minillm.attention.causal_mask, minillm.prefill_kv,
                       minillm.request.RequestMetrics.__dict__["tpot"])
     assert causal_mask(2, 3).shape == (2, 3)
-
-
-def test_the_engines_plans_meet_the_invariants_the_checker_states():
-    import random
-    from minillm.grading import ch06
-    rng = random.Random(0)
-    for _ in range(200):
-        state = ch06._random_state(rng)
-        plan = list(_ref06().engine_schedule_chunked(*state, rng=rng).items())
-        assert ch06._check_plan_invariants(plan, *state) is None
-
-
-def test_the_engines_step_count_matches_the_articles_example():
-    # A 2048-token prompt in 512-token chunks needs 4 steps, decodes riding along.
-    assert _ref06().engine_num_prefill_steps(2048, 512, 4, None) == 4
-    # With a budget of 516 and 8 streams, each step has 508 prefill tokens left.
-    assert _ref06().engine_num_prefill_steps(2048, 512, 8, 516) == math.ceil(2048 / 508)
-
-
-def test_reference_step_traffic_equals_the_accounting_module():
-    import random
-    from minillm.grading._reference import ch05 as ref05
-    from minillm.grading.ch05 import _random_configs
-    rng = random.Random(1)
-    for cfg in _random_configs(rng, 10):
-        requests = [(rng.randint(1, 600), rng.randint(0, 3000), rng.random() < 0.5) for _ in range(rng.randint(1, 5))]
-        cost, traffic = step_cost(cfg, requests, 2), ref05.step_traffic(cfg, requests, 2)
-        assert (cost.flops, cost.bytes_weights, cost.bytes_kv_read, cost.bytes_kv_write) == \
-            (traffic["flops"], traffic["bytes_weights"], traffic["bytes_kv_read"], traffic["bytes_kv_write"])
-        n, c = requests[0][:2]
-        assert ref05.layer_flops(cfg, n, c) == step_cost(cfg, [(n, c, False)]).flops // cfg.num_layers
 
 
 def test_the_engines_function_is_refused_however_it_is_handed_in():

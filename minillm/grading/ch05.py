@@ -72,16 +72,18 @@ def _flops_mistake(got, cfg, n: int, c: int, window=None) -> str:
     gemm = expected - attention
     if window is not None and window < c + n:
         if got == _ref.layer_flops(cfg, n, c):
-            return (f"That is the count without the window: a query sees at most window={window} keys (itself "
-                    "included), so the queries far from the start attend to fewer keys than the causal prefix. ")
+            return (f"That is the count without the window: a query sees at most window={window} keys, itself "
+                    "included, cached or new, so queries far from the start attend to fewer keys than the "
+                    "causal prefix. ")
         if got == gemm + per_pair * n * min(window, c + n):
             return ("You give every query the same number of keys: a query near the start of the sequence has "
                     "fewer than `window` keys before it. Count per query position. ")
-        if got == gemm + per_pair * (_ref.window_pairs(n, c, window + 1) - n):
-            return ("Off by one at the window's edge: a query sees at most `window` keys INCLUDING its own. ")
+        if got in (gemm + per_pair * _ref.window_pairs(n, c, window + 1),
+                   gemm + per_pair * _ref.window_pairs(n, c, max(window - 1, 1))):
+            return "Off by one at the window's edge: a query sees at most `window` keys INCLUDING its own. "
         if got == gemm + per_pair * (n * min(c, window) + n * (n + 1) // 2):
-            return ("The window applies to every key a query sees, the chunk's own keys as well as the cached "
-                    "ones, measured from the query's position. ")
+            return ("The window applies to every key a query sees, cached or new (the chunk's own keys too), "
+                    "counted back from the query's position. ")
         if got * 2 == expected:
             return "You count 1 FLOP per multiply-add; a matmul [M, K] x [K, N] is 2*M*N*K. "
         return ""
@@ -233,6 +235,22 @@ def _a100_linear_ms() -> dict:
     return tables
 
 
+def _tile_hint(got, num_decodes: int, chunk_size: int, tile_rows: int) -> str:
+    expected = _ref.tile_aligned_chunk(num_decodes, chunk_size, tile_rows)
+    if not isinstance(got, int) or isinstance(got, bool) or got == expected:
+        return ""
+    if got > chunk_size:
+        return f"Your chunk is over chunk_size ({chunk_size}): trim, never grow. "
+    if got == chunk_size // tile_rows * tile_rows:
+        return "You rounded the chunk to the tile; it is the chunk PLUS the decodes that fills the tiles. "
+    if got == chunk_size - num_decodes:
+        return ("You take every decode's row out of the chunk; only the rows that spill past the last whole tile "
+                "need to go. ")
+    if (got + num_decodes) % tile_rows == 0 and got < expected:
+        return "Your step is a whole number of tiles, but not the largest one that chunk_size allows. "
+    return ""
+
+
 @checker
 def check_tile_aligned_chunk(fn, seed: int | None = None):
     """fn(num_decodes, chunk_size, tile_rows) -> the chunk to schedule beside num_decodes decodes.
@@ -250,14 +268,13 @@ def check_tile_aligned_chunk(fn, seed: int | None = None):
                 got = learner_call(fn, num_decodes, chunk_size, A100_TILE_ROWS, forbidden=_ACCOUNTING, why=_WHY)
                 call = call_text(fn, num_decodes, chunk_size, A100_TILE_ROWS)
                 if not isinstance(got, int) or not 0 < got <= chunk_size or (num_decodes + got) not in ms:
-                    _fail(f"{call} returned {got!r}: return a chunk size, an int from 1 to chunk_size "
-                          f"({chunk_size}) tokens")
+                    _fail(f"{_tile_hint(got, num_decodes, chunk_size, A100_TILE_ROWS)}{call} returned {got!r}: "
+                          f"return a chunk size, an int from 1 to chunk_size ({chunk_size}) tokens")
                 untrimmed = chunk_size / ms[num_decodes + chunk_size]
                 yours = got / ms[num_decodes + got]
                 if yours < MEASURED_GAIN * untrimmed:
                     rows = num_decodes + got
-                    hint = ("You rounded the chunk to the tile; the GEMM's rows are the chunk PLUS the decodes. "
-                            if got == chunk_size // A100_TILE_ROWS * A100_TILE_ROWS else "")
+                    hint = _tile_hint(got, num_decodes, chunk_size, A100_TILE_ROWS)
                     _fail(f"{hint}{call} = {got}: measured on an A100 ({model}, one layer's linear operators), "
                           f"your step's {rows} rows take {ms[rows]:.3f} ms, {yours:.0f} prefill tokens per ms; "
                           f"the untrimmed chunk's {num_decodes + chunk_size} rows take "
@@ -271,16 +288,7 @@ def check_tile_aligned_chunk(fn, seed: int | None = None):
         got = learner_call(fn, num_decodes, chunk_size, tile_rows, forbidden=_ACCOUNTING, why=_WHY)
         if got != expected:
             call = call_text(fn, num_decodes, chunk_size, tile_rows)
-            hint = ""
-            if isinstance(got, int) and got > chunk_size:
-                hint = f"Your chunk is over chunk_size ({chunk_size}): trim, never grow. "
-            elif got == chunk_size // tile_rows * tile_rows:
-                hint = "You rounded the chunk to the tile; it is the chunk PLUS the decodes that fills the tiles. "
-            elif got == chunk_size - num_decodes:
-                hint = ("You take every decode's row out of the chunk; only the rows that spill past the last "
-                        "whole tile need to go. ")
-            elif isinstance(got, int) and (got + num_decodes) % tile_rows == 0:
-                hint = "Your step is a whole number of tiles, but not the largest one that chunk_size allows. "
+            hint = _tile_hint(got, num_decodes, chunk_size, tile_rows)
             _fail(f"{hint}{call} returned {got!r}, expected {expected}: the step's rows, chunk + decodes, "
                   "should end on a tile boundary, with the chunk as large as chunk_size allows.")
     gains = sorted(measured_gains)

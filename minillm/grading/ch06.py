@@ -269,10 +269,10 @@ def check_predicted_stall(fn, seed: int | None = None, *, num_cases: int = 6):
         mixed_s = predict_step(model, [(prompt_len, 0)] + [(1, ctx)] * n, hw).total
         why = "a stream's gap runs from its token before the prompt's step to its next one"
         if isinstance(got, (int, float)) and not isinstance(got, bool):
-            if math.isclose(got, prefill_s, rel_tol=1e-3):
+            if math.isclose(got, prefill_s, rel_tol=1e-9):
                 why = ("you price the prompt's step alone: the stream's next token comes at the end of the NEXT "
                        "step, a decode step, so the gap spans both")
-            elif math.isclose(got, mixed_s, rel_tol=1e-3) or math.isclose(got, mixed_s + decodes_s, rel_tol=1e-3):
+            elif math.isclose(got, mixed_s, rel_tol=1e-9) or math.isclose(got, mixed_s + decodes_s, rel_tol=1e-9):
                 why = ("under prefill_first the prompt runs whole and ALONE: the decodes wait for the next step, "
                        "they do not ride along")
         errors.append(grade_prediction(f"{call_text(fn, *args)} (the worst gap under prefill_first)", got, measured,

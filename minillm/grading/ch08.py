@@ -179,6 +179,21 @@ def _eviction_case(rng: random.Random):
     return tables, finish_order, num_clean, num_needed
 
 
+def _lru(tables, finish_order, num_clean, num_needed, tail_first=True, ref_counts=True, clean_first=True):
+    """The eviction order under the engine's rules, or with one of them broken (to name the mistake)."""
+    holders = {}
+    for table in tables.values():
+        for block in table:
+            holders[block] = holders.get(block, 0) + 1
+    lru = []
+    for request_id in finish_order:
+        for block in (reversed(tables[request_id]) if tail_first else tables[request_id]):
+            holders[block] -= 1
+            if (holders[block] == 0 or not ref_counts) and block not in lru:
+                lru.append(block)
+    return lru[:max(0, num_needed - num_clean)] if clean_first else lru[:num_needed]
+
+
 @checker
 def check_eviction_order(fn, seed: int | None = None, *, num_cases: int = 200):
     """fn(tables, finish_order, num_clean, num_needed) -> the cached blocks evicted, in order."""
@@ -194,17 +209,17 @@ def check_eviction_order(fn, seed: int | None = None, *, num_cases: int = 200):
         if list(got) == expected:
             continue
         got = list(got)
-        still_held = {b for n in tables if n not in finish_order for b in tables[n]}
         hint = ""
-        if set(got) & still_held:
-            hint = (f"Block {sorted(set(got) & still_held)[0]} is still in a running request's table: a block "
-                    "shared by several requests becomes evictable only when its LAST holder leaves (its "
-                    "reference count reaches 0). ")
-        elif len(got) == num_needed and num_clean:
-            hint = "Clean blocks are taken before any cached block is evicted: those are not evictions. "
-        elif sorted(got) == sorted(expected):
-            hint = ("Right blocks, wrong order: the list is least recently used first, and a request that leaves "
-                    "puts its blocks on it tail first (its last block first). ")
+        if got == _lru(tables, finish_order, num_clean, num_needed, ref_counts=False):
+            hint = ("A block shared by several requests becomes evictable only when its LAST holder leaves (its "
+                    "reference count reaches 0); until then a running request still reads it. ")
+        elif got == _lru(tables, finish_order, num_clean, num_needed, tail_first=False):
+            hint = ("A leaving request releases its blocks tail first (its last block first), so the head of a "
+                    "prefix, the part other prompts share, stays longest. ")
+        elif got == _lru(tables, finish_order, num_clean, num_needed, clean_first=False):
+            hint = "Clean blocks are taken before any cached block is evicted: taking one is not an eviction. "
+        elif got == _lru(tables, finish_order, num_clean, num_needed)[::-1] or got == list(reversed(expected)):
+            hint = "The LRU list is evicted from its front: the block freed longest ago goes first. "
         _fail(f"{hint}{call_text(fn, *args)} returned {got}, the engine's block manager evicts {expected}")
     return passed(f"eviction_order: {len(cases)} pools evict in the engine's order")
 
@@ -252,12 +267,12 @@ def check_prefill_tokens_saved(fn, seed: int | None = None, *, num_cases: int = 
         hint = ""
         if k == 0:
             hint = "The first chat finds nothing cached: it computes its whole prompt. "
-        elif got[k] == prompt_len - system_len:
-            hint = ("A hit covers whole blocks only: the system prompt's last, partial block holds user tokens "
-                    "too, so no other chat shares it. ")
-        elif got[k] == prompt_len - shared_blocks * block_size and user_lens[k] == 0:
+        elif user_lens[k] == 0 and got[k] == prompt_len - shared_blocks * block_size:
             hint = ("A chat whose prompt is all cached still runs its last prompt token (its logits give the "
                     "first output token), and blocks are the unit: its last block reruns. ")
+        elif got[k] == prompt_len - system_len and system_len % block_size:
+            hint = ("A hit covers whole blocks only: the system prompt's last, partial block holds user tokens "
+                    "too, so no other chat shares it. ")
         elif got[k] == prompt_len:
             hint = "Later chats reuse the system prompt's full blocks, cached by the first chat. "
         _fail(f"{hint}{call_text(fn, *args)}: you predict {got[k]} tokens for chat {k} ({prompt_len}-token prompt, "
