@@ -66,14 +66,3 @@ class ModelRunner:
         return self.model(token_ids, positions, batch, self.kv_cache,
                           logits_indices=None if all_logits else logits_indices,
                           backend=self.backend)
-
-
-# Older notebooks import the harnesses from here; they moved to prefill.py.
-_MOVED_TO_PREFILL = ("prefill_kv", "prepare_step", "check_prompt", "check_chunk_size")
-
-
-def __getattr__(name):
-    if name in _MOVED_TO_PREFILL:
-        from . import prefill
-        return getattr(prefill, name)
-    raise AttributeError(f"module 'minillm.model_runner' has no attribute {name!r}")

@@ -18,7 +18,7 @@ def test_predict_step_has_the_accounting_keys_and_adds_up():
 
 
 def test_decode_costs_about_the_weight_read_and_a_chunk_costs_more():
-    hw = cost_model.get_hardware("A100-80GB")
+    hw = cost_model.gpu_profile("A100-80GB")
     decode = predict_step(LLAMA3, [(1, 512)], hardware=hw)
     weights_s = LLAMA3.num_parameters() * 2 / hw.mem_bandwidth_bytes_s
     assert weights_s < decode.total < 2 * weights_s + hw.step_overhead_s
@@ -49,6 +49,6 @@ def test_importing_the_cost_model_reads_no_profile_files(tmp_path):
     import sys
     code = ("import sys, minillm.sim.cost_model as c; "
             "assert 'minillm.sim.op_profiles' not in sys.modules, 'op_profiles imported eagerly'; "
-            "from minillm.sim.cost_model import profile_paths; "
+            "from minillm.sim.op_profiles import profile_paths; "
             "assert len(profile_paths()) == 7")
     subprocess.run([sys.executable, "-c", code], check=True)

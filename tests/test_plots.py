@@ -5,6 +5,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import StepPatch
 
 from minillm.book import figures
+from minillm.book import lab
 from minillm.engine import EngineCore, StepRecord, VirtualClock
 from minillm.kv_cache import BlockManager
 from minillm.scheduler import SchedulerConfig
@@ -88,27 +89,27 @@ def test_token_gaps_show_the_stall_as_the_highest_point(run):
     dict(model="qwen3-0.6b", hardware="H100-SXM", chunk_size=100),
 ])
 def test_lab_figure_has_three_views_and_a_verdict(settings):
-    fig = figures.lab_figure(**settings)
+    fig = lab.lab_figure(**settings)
     assert len(fig.axes) == 3
     timeline, gaps, sweep = fig.axes
     assert len([p for p in timeline.patches if isinstance(p, StepPatch)]) == 2
-    assert len(gaps.lines) == figures.LabSettings(**settings).num_decoders
-    assert len([line for line in sweep.lines if len(line.get_xdata()) == len(figures.CHUNK_SIZES)]) == 4
+    assert len(gaps.lines) == lab.LabSettings(**settings).num_decoders
+    assert len([line for line in sweep.lines if len(line.get_xdata()) == len(lab.CHUNK_SIZES)]) == 4
     assert "ITL SLO" in fig._suptitle.get_text()
 
 
 def test_verdict_and_best_chunk_follow_the_slo():
-    assert figures.lab_verdict(chunk_size=16, itl_slo_ms=1000).startswith("MEETS")
-    assert figures.lab_verdict(chunk_size="off", itl_slo_ms=1).startswith("MISSES")
-    loose = figures.best_chunk_size(itl_slo_ms=1000)
-    tight = figures.best_chunk_size(itl_slo_ms=30)
+    assert lab.lab_verdict(chunk_size=16, itl_slo_ms=1000).startswith("MEETS")
+    assert lab.lab_verdict(chunk_size="off", itl_slo_ms=1).startswith("MISSES")
+    loose = lab.best_chunk_size(itl_slo_ms=1000)
+    tight = lab.best_chunk_size(itl_slo_ms=30)
     assert loose in ("off", 4096, 2048)
     assert isinstance(tight, int) and tight < 512
-    assert figures.best_chunk_size(itl_slo_ms=0.001) is None
+    assert lab.best_chunk_size(itl_slo_ms=0.001) is None
 
 
 def test_chunk_sweep_ttft_falls_and_worst_gap_rises_with_chunk_size():
-    rows = [r for r in figures.chunk_sweep() if r["chunk_size"] != "off"]
+    rows = [r for r in lab.chunk_sweep() if r["chunk_size"] != "off"]
     ttft = [r["long_ttft_s"] for r in rows]
     worst = [r["itl_max_s"] for r in rows]
     assert ttft == sorted(ttft, reverse=True)
@@ -128,7 +129,7 @@ def test_chunk_sweep_ttft_falls_and_worst_gap_rises_with_chunk_size():
     (dict(itl_slo_ms=-3), "itl_slo_ms"),
 ])
 def test_bad_lab_settings_are_value_errors_naming_the_setting(bad, word):
-    for fn in (figures.lab_figure, figures.lab_verdict, figures.chunk_sweep):
+    for fn in (lab.lab_figure, lab.lab_verdict, lab.chunk_sweep):
         with pytest.raises(ValueError, match=word):
             fn(**bad)
 
@@ -156,7 +157,7 @@ def test_op_and_step_fidelity_plots():
 
 
 def test_save_readme_figures_writes_four_pngs(tmp_path):
-    paths = figures.save_readme_figures(tmp_path / "figs")
+    paths = lab.save_readme_figures(tmp_path / "figs")
     assert sorted(p.name for p in paths) == ["load_lab.png", "roofline.png", "stall_timeline.png",
                                              "ttft_tpot_vs_chunk.png"]
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)

@@ -156,11 +156,6 @@ def model64():
     return minillm.build_model(cfg, seed=0, dtype=torch.float64)
 
 
-def test_the_harnesses_are_still_importable_from_model_runner():
-    from minillm import model_runner
-    assert model_runner.prepare_step is prepare_step and model_runner.prefill_kv is prefill_kv
-
-
 def test_prepare_step_runs_one_step_of_the_requested_shape(model64):
     run = prepare_step(model64, [(8, 0), (1, 12), (3, 5, False)])
     assert run().shape == (2, 64)

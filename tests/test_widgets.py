@@ -3,7 +3,7 @@ import ipywidgets
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from minillm.book import figures
+from minillm.book import lab
 from minillm.book import widgets
 
 GOOD = dict(chunk_size=512, num_decoders=4, prompt_len=2048, model="llama-3-8b", hardware="A100-80GB",
@@ -14,7 +14,7 @@ def test_lab_is_a_widget_with_every_control():
     box = widgets.lab()
     assert isinstance(box, ipywidgets.Widget)
     controls = widgets.lab_controls()
-    assert set(controls) == set(figures.LabSettings.__dataclass_fields__)
+    assert set(controls) == set(lab.LabSettings.__dataclass_fields__)
     values = [v for _, v in controls["chunk_size"].options]
     assert values[0] == 16 and 4096 in values and values[-1] == "off"
     assert controls["mode"].options == ("simulate", "measure") or \
@@ -23,7 +23,7 @@ def test_lab_is_a_widget_with_every_control():
 
 
 def test_lab_controls_start_at_the_given_settings():
-    controls = widgets.lab_controls(figures.LabSettings(chunk_size=64, hardware="H200", num_decoders=8))
+    controls = widgets.lab_controls(lab.LabSettings(chunk_size=64, hardware="H200", num_decoders=8))
     assert controls["chunk_size"].value == 64
     assert controls["hardware"].value == "H200"
     assert controls["num_decoders"].value == 8

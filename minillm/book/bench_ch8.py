@@ -89,7 +89,7 @@ def partial_prefill_rows(device=None) -> list[dict]:
 
 def report(which: str) -> dict:
     """Run and print the chapter-8 benchmarks `which` names ("all": both)."""
-    from .bench import _table
+    from .bench_common import _table
 
     results = {}
     if which in ("prefix-cache", "all"):

@@ -36,7 +36,7 @@ def time_steps(shape: str, repeats: int = 5, steps: dict | None = None) -> dict:
     on its sizes, which a serving engine never sees.
     """
     from ..prefill import prepare_step
-    from .bench import _seconds, bench_model
+    from .bench_common import _seconds, bench_model
 
     model = bench_model(shape)
     steps = {name: prepare_step(model, spec) for name, spec in (steps or STEPS).items()}
@@ -78,7 +78,7 @@ def bench_steps(shape: str = "tiny", processes: int = 3, repeats: int = 5, steps
 
 
 def report(result: dict) -> str:
-    from .bench import _table
+    from .bench_common import _table
 
     rows = [dict(r, before_ms=r["before_s"] * 1e3, after_ms=r["after_s"] * 1e3) for r in result["rows"]]
     return _table(rows, [("step", "step", ""), ("before_ms", "glibc defaults (ms)", ".1f"),

@@ -440,15 +440,3 @@ def _chunk_axis(ax, chunk_sizes):
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_xlabel("chunk size (tokens)")
-
-
-# The lab's state and runs moved to book/lab.py; these names still resolve here.
-_LAB_NAMES = ("CHUNK_SIZES", "OFF", "MODES", "LabSettings", "LabRun", "lab_run", "chunk_sweep", "lab_verdict",
-              "best_chunk_size", "lab_figure", "plot_stall", "save_readme_figures", "capacity_rows")
-
-
-def __getattr__(name):
-    if name in _LAB_NAMES:
-        from . import lab
-        return getattr(lab, name)
-    raise AttributeError(f"module 'minillm.book.figures' has no attribute {name!r}")

@@ -27,7 +27,7 @@ import statistics
 import time
 
 from .cost_model import predict_step
-from .hardware import Hardware
+from .profiles import Hardware
 
 __all__ = ["step_shape", "calibration_shapes", "evaluation_shapes", "measure_step_times",
            "predict_step_times", "fit_step_model", "relative_errors", "basis_hardware", "FACTORS"]

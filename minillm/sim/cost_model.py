@@ -32,9 +32,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .accounting import OPS, _check_cfg, _check_dtype_bytes, dtype_bytes_on, normalize_step, step_cost
+from .accounting import OPS, _check_cfg, dtype_bytes_on, normalize_step, step_cost
 from ..config import ModelConfig
-from .hardware import Hardware, get_hardware
+from .profiles import Hardware, gpu_profile
 
 __all__ = ["StepTime", "predict_step", "gemm_time_s", "elementwise_time_s", "layer_linear_times_s"]
 
@@ -113,7 +113,7 @@ def predict_step(cfg, requests, hardware="H100-SXM", dtype_bytes: int | None = N
     compute and memory times (see the module docstring); by_op sums over layers.
     """
     cfg = _check_cfg(cfg)
-    hw = get_hardware(hardware)
+    hw = gpu_profile(hardware)
     b = dtype_bytes_on(hw, dtype_bytes)
     reqs = normalize_step(requests)
     num_tokens = sum(n for n, _, _ in reqs)
@@ -146,17 +146,3 @@ def predict_step(cfg, requests, hardware="H100-SXM", dtype_bytes: int | None = N
     overhead_s = (hw.step_overhead_s + hw.per_seq_overhead_s * len(reqs) + layers * per_layer_misc_s
                   + elementwise_time_s(num_tokens * cfg.hidden_size * b, hw))
     return StepTime(sum(by_op.values()) + overhead_s, by_op, overhead_s)
-
-
-# The measured profiles and the fit moved to op_profiles (loading data is not
-# predicting). Old imports such as `from minillm.sim.cost_model import
-# profile_paths` still resolve, lazily, so importing this module reads no files.
-_MOVED_TO_OP_PROFILES = ("GpuOpProfile", "load_gpu_op_profile", "linear_op_errors", "profile_paths",
-                         "fit_hardware_factors", "PROFILE_HARDWARE", "LINEAR_OPS")
-
-
-def __getattr__(name):
-    if name in _MOVED_TO_OP_PROFILES or name == "PROFILE_DIR":
-        from . import op_profiles
-        return op_profiles.profile_dir() if name == "PROFILE_DIR" else getattr(op_profiles, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -29,7 +29,7 @@ from pathlib import Path
 from ..metrics import percentile
 from ..config import ModelConfig
 from .cost_model import layer_linear_times_s
-from .hardware import Hardware, get_hardware
+from .profiles import Hardware, gpu_profile
 
 __all__ = [
     "GpuOpProfile", "profile_dir", "profile_paths", "load_gpu_op_profile", "linear_op_errors",
@@ -110,7 +110,7 @@ def linear_op_errors(profile, hardware=None, ops=LINEAR_OPS, dtype_bytes: int = 
     profile's GPU. rel_error = (predicted - measured) / measured.
     """
     profile = _as_profile(profile)
-    hw = get_hardware(hardware if hardware is not None else profile.hardware)
+    hw = gpu_profile(hardware if hardware is not None else profile.hardware)
     predicted = [layer_linear_times_s(profile.cfg, m, hw, dtype_bytes) for m in profile.num_tokens]
     out = {}
     for op in ops:
@@ -138,7 +138,7 @@ def fit_hardware_factors(paths, hardware, trials: int = 300, seed: int = 0) -> H
     p90 |error| / 2.5) over FITTED_OPS. The datasheet peak and bandwidth never
     change. paths: CSV paths or GpuOpProfiles. Returns the best Hardware found.
     """
-    base = get_hardware(hardware)
+    base = gpu_profile(hardware)
     profiles = [_as_profile(p) for p in paths]
     if not profiles:
         raise ValueError("paths=[]: need at least one measured profile to fit to")
@@ -194,7 +194,7 @@ def held_out_errors(paths=None, trials: int = 150, seed: int = 0, row_stride: in
         if not others:
             raise ValueError(f"paths: {prof.path.name} is the only {prof.gpu} file; "
                              "a held-out fit needs at least one other file of the same GPU")
-        start = get_hardware(prof.hardware).replace(**NEUTRAL_START)
+        start = gpu_profile(prof.hardware).replace(**NEUTRAL_START)
         refit = fit_hardware_factors(others, start, trials=trials, seed=seed)
         out[prof.path.name] = {"in_sample": error_summary(linear_op_errors(prof)),
                                "held_out": error_summary(linear_op_errors(prof, refit)),

@@ -86,7 +86,7 @@ for sched in (SchedulerConfig(policy="chunked", chunk_size=48), SchedulerConfig(
 # which also carries the four decodes.
 
 # %%
-stall = figures.plot_stall(figures.LabSettings(model="llama-3-8b", hardware="A100-80GB"), chunk_size=512)
+stall = lab.plot_stall(lab.LabSettings(model="llama-3-8b", hardware="A100-80GB"), chunk_size=512)
 stall
 
 # %% slideshow={"slide_type": "subslide"}
@@ -120,16 +120,16 @@ assert abs(chunked["decoder_tpot_mean_s"] - whole["decoder_tpot_mean_s"]) < 0.1 
 # on this device" runs the real engine instead (its sweep fills in as you measure more chunk
 # sizes). "model (measure)" picks what it runs: the built-in tiny model, random weights and
 # a run of seconds, or the real SmolLM2-135M-Instruct
-# (`figures.lab_run(mode="measure", measure_model="smollm2-135m-instruct")`), whose 30
+# (`lab.lab_run(mode="measure", measure_model="smollm2-135m-instruct")`), whose 30
 # layers make every step several times slower: on a 2-core CPU the default setting takes
 # tens of seconds, and a progress line counts the steps meanwhile. "chunks of" switches
 # between chunks of equal tokens and chunks of equal work (chapter 6, section 7): the same
 # number of chunks, with the late ones shortened so that no step is the slowest by far.
 # Try it with a small model over a long prompt, where attention is most of the work.
 #
-# Every view is a plain function of the settings (`figures.lab_figure(settings)`,
-# `figures.lab_verdict(settings)`); the widget only wires controls to them, so the figure
-# below the widget is exactly what `figures.lab_figure` draws.
+# Every view is a plain function of the settings (`lab.lab_figure(settings)`,
+# `lab.lab_verdict(settings)`); the widget only wires controls to them, so the figure
+# below the widget is exactly what `lab.lab_figure` draws.
 
 # %% slideshow={"slide_type": "skip"}
 # NBVAL_IGNORE_OUTPUT
@@ -139,7 +139,7 @@ widgets.lab()
 # The same view without the widget, for readers of the static page (chunk 256):
 
 # %%
-figures.lab_figure(chunk_size=256)
+lab.lab_figure(chunk_size=256)
 
 # %% [markdown]
 # The "chunks of" switch, on a setting where it matters (Qwen3-0.6B on an H100, a 30,000-token
@@ -149,7 +149,7 @@ figures.lab_figure(chunk_size=256)
 ATTENTION_HEAVY = dict(model="qwen3-0.6b", hardware="H100-SXM", prompt_len=30_000, num_decoders=8,
                        chunk_size=2048, itl_slo_ms=25.0)
 for sizing in ("fixed", "equal_work"):
-    print(f"{sizing:10s}", figures.lab_verdict(**ATTENTION_HEAVY, chunk_sizing=sizing))
+    print(f"{sizing:10s}", lab.lab_verdict(**ATTENTION_HEAVY, chunk_sizing=sizing))
 worst = {sizing: lab.lab_run(lab.LabSettings(**ATTENTION_HEAVY, chunk_sizing=sizing)).summary["decoder_itl_max_s"]
          for sizing in ("fixed", "equal_work")}
 assert worst["equal_work"] < 0.8 * worst["fixed"]
@@ -343,15 +343,15 @@ assert fresh == shipped[key]
 # prompt, so this is simply the largest chunk size that meets the target.
 
 # %%
-rows = figures.chunk_sweep(model="llama-3-8b", hardware="A100-80GB")
+rows = lab.chunk_sweep(model="llama-3-8b", hardware="A100-80GB")
 print(f"{'chunk':>6s} {'long TTFT ms':>13s} {'worst gap ms':>13s} {'p99 gap ms':>11s} {'mean TPOT ms':>13s}")
 for r in rows:
     print(f"{r['chunk_size']!s:>6s} {r['long_ttft_s'] * 1e3:13.0f} {r['itl_max_s'] * 1e3:13.1f} "
           f"{r['itl_p99_s'] * 1e3:11.1f} {r['tpot_mean_s'] * 1e3:13.1f}")
-best = figures.best_chunk_size(itl_slo_ms=50)
+best = lab.best_chunk_size(itl_slo_ms=50)
 print("best chunk size for a 50 ms worst gap:", best)
 meeting = [r for r in rows if r["itl_max_s"] <= 0.050]
-assert best == max((r["chunk_size"] for r in meeting if r["chunk_size"] != figures.OFF), default=None)
+assert best == max((r["chunk_size"] for r in meeting if r["chunk_size"] != lab.OFF), default=None)
 
 # %% [markdown]
 # Notice the p99 column at 2048 and 4096: it falls back to the normal gap although the
@@ -370,7 +370,7 @@ assert best == max((r["chunk_size"] for r in meeting if r["chunk_size"] != figur
 
 # %% tags=["slides-hide-input"]
 cfg = minillm.ModelConfig.preset("llama-3-8b")
-chunks = [r for r in rows if r["chunk_size"] != figures.OFF]
+chunks = [r for r in rows if r["chunk_size"] != lab.OFF]
 prefill_rate = [2048 / r["long_ttft_s"] for r in chunks]
 intensity = [step_cost(cfg, [(r["chunk_size"], 0)] + [(1, 1024)] * 4).intensity for r in chunks]
 fig, ax = plt.subplots(figsize=(7, 3.4), layout="constrained")
@@ -576,10 +576,10 @@ assert all(getattr(h200, f) == getattr(h100, f) for f in kernel_factors)
 # %%
 recommended = {}
 for hw_name in ("A100-40GB", "A100-80GB", "H100-SXM", "H200"):
-    recommended[hw_name] = {slo: figures.best_chunk_size(hardware=hw_name, itl_slo_ms=slo) for slo in (50, 100)}
+    recommended[hw_name] = {slo: lab.best_chunk_size(hardware=hw_name, itl_slo_ms=slo) for slo in (50, 100)}
     print(f"{hw_name:10s} worst gap <= 50 ms: chunk {recommended[hw_name][50]!s:5s}   "
           f"<= 100 ms: chunk {recommended[hw_name][100]}")
-order = [2**30 if c == figures.OFF else c for c in (recommended["A100-80GB"][50], recommended["H100-SXM"][50])]
+order = [2**30 if c == lab.OFF else c for c in (recommended["A100-80GB"][50], recommended["H100-SXM"][50])]
 assert order[0] <= order[1]                         # a faster GPU affords bigger chunks
 
 # %% [markdown]
@@ -705,18 +705,18 @@ figures.plot_step_fidelity(fid["rows"])
 # %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 # NBVAL_IGNORE_OUTPUT
 measured = {}
-for chunk in (figures.OFF, 64):
-    run = figures.lab_run(mode="measure", prompt_len=512, num_decoders=2, chunk_size=chunk)
+for chunk in (lab.OFF, 64):
+    run = lab.lab_run(mode="measure", prompt_len=512, num_decoders=2, chunk_size=chunk)
     measured[chunk] = run.summary
     print(f"{run.device}, chunk {chunk}: worst gap {run.summary['decoder_itl_max_s'] * 1e3:.0f} ms, "
           f"median gap {run.summary['decoder_itl_p50_s'] * 1e3:.0f} ms, long TTFT {run.summary['long_ttft_s'] * 1e3:.0f} ms")
-figures.lab_figure(mode="measure", prompt_len=512, num_decoders=2, chunk_size=64)
+lab.lab_figure(mode="measure", prompt_len=512, num_decoders=2, chunk_size=64)
 
 # %% slideshow={"slide_type": "skip"}
 if minillm.default_device().type == "cpu":
     # on a GPU the tiny model's steps are all launch-bound (about a millisecond), so the
     # stall of a 512-token prompt hides in the noise; on a CPU it is several steps long
-    assert measured[64]["decoder_itl_max_s"] < measured[figures.OFF]["decoder_itl_max_s"]
+    assert measured[64]["decoder_itl_max_s"] < measured[lab.OFF]["decoder_itl_max_s"]
 
 # %% [markdown]
 # ## Takeaways
