@@ -557,7 +557,7 @@ CASES = {
         ("reads_every_chunk_end", lambda t, c: (work(t, c)[0], sum(min(s + c, t) for s in range(0, t, c))),
          "cached keys read"),
         ("engine", lambda t, c: (t * (t + 1) // 2, _engine_reads(t, c)), "engine's own answer"),
-        ("hard_coded", lambda t, c: (2080, 0), "pairs"),
+        ("hard_coded", lambda t, c: (2080, 0), "you predicted"),
     ]),
     "check_position_bug_errors": (position_bug_errors, [
         ("hard_coded", lambda m, t, c: [1.0, 1.0] if c < len(t) else [0.0, 0.0], "restarting at 0"),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-_GRADING_DIR = str(Path(__file__).resolve().parent)
+_PACKAGE_DIR = str(Path(__file__).resolve().parents[1])      # minillm/
 
 
 class ExerciseFailed(AssertionError):
@@ -102,11 +102,18 @@ def call_text(fn, *args, **kwargs) -> str:
 
 
 def learner_frames(exc: BaseException) -> list[str]:
-    """The traceback of a crash, without the checker's frames: only the learner's code (and what it called)."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_GRADING_DIR)]
-    if not frames:
+    """The traceback of a crash, cut to the learner's own code: no checker frames, no engine or
+    library internals (the deepest of those is named in one line)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    own = [f for f in frames if not f.filename.startswith(_PACKAGE_DIR) and "site-packages" not in f.filename
+           and not f.filename.startswith(sys.prefix)]
+    if not own:
         return []
-    return ["Traceback (your code):", *"".join(traceback.format_list(frames[-6:])).rstrip().splitlines()]
+    lines = ["Traceback (your code):", *"".join(traceback.format_list(own[-4:])).rstrip().splitlines()]
+    if frames and frames[-1] is not own[-1]:
+        last = frames[-1]
+        lines.append(f"  ... which failed inside {Path(last.filename).name}, line {last.lineno}, in {last.name}")
+    return lines
 
 
 def crashed(fn, args: tuple, kwargs: dict, exc: BaseException, explain=None):
@@ -261,6 +268,8 @@ class ForwardCall:
     positions: list[int]
     query_lens: list[int]
     cached_lens: list[int]
+    block_tables: list[list[int]] = field(default_factory=list)
+    block_size: int | None = None
 
 
 @dataclass
@@ -279,7 +288,9 @@ def record_forward(model):
         record.calls.append(ForwardCall(
             num_tokens=int(len(token_ids)), positions=positions_list,
             query_lens=list(getattr(batch, "query_lens", [])),
-            cached_lens=list(getattr(batch, "cached_lens", []))))
+            cached_lens=list(getattr(batch, "cached_lens", [])),
+            block_tables=[list(t) for t in getattr(batch, "block_tables", None) or []],
+            block_size=getattr(batch, "block_size", None)))
         return original(token_ids, positions, batch, *args, **kwargs)
 
     model.forward = recording_forward      # instance attribute: nn.Module.__call__ finds it first
