@@ -7,6 +7,7 @@ and a message that names the likely mistake (the `says` fragment).
 """
 import functools
 import math
+import re
 import statistics
 
 from pathlib import Path
@@ -707,7 +708,11 @@ def test_the_package_exports_only_checkers_and_every_one_is_tested():
                 and not name.startswith("check_")]
     # Chapters 5-8's checkers have their own file of correct answers and shortcuts.
     from test_grading_ch05_08 import CASES as CH05_08
-    assert sorted(ex.__all__) == sorted(set(CASES) | set(CH05_08))
+    # chapters 9 and later: each checker is named in some test file of its own
+    later = "\n".join(path.read_text() for path in Path(__file__).parent.glob("test_*.py"))
+    untested = [name for name in ex.__all__ if name not in CASES and name not in CH05_08 and name not in later]
+    assert not untested, f"checkers no test calls: {untested}"
+    assert set(CASES) <= set(ex.__all__) and set(CH05_08) <= set(ex.__all__)
 
 
 @pytest.mark.parametrize("checker", sorted(CASES))
@@ -728,6 +733,165 @@ def test_sdpa_with_the_right_mask_is_accepted_where_the_task_is_the_mask():
 
 SHORTCUTS = [(checker, name, fn, says) for checker, (_, attempts) in sorted(CASES.items())
              for name, fn, says in attempts]
+
+
+# ---- the shared machinery (minillm/grading/_common.py) --------------------------------------
+def test_seed_none_gives_the_same_failing_case_every_run():
+    """seed=None is a fixed seed per checker: the case a learner debugs does not move."""
+    def wrong(q_len, k_len):
+        return torch.ones(q_len, k_len, dtype=torch.bool) if q_len > 4 else mask(q_len, k_len)
+    messages = []
+    for _ in range(2):
+        with pytest.raises(AssertionError) as failure:
+            ex.check_causal_mask(wrong)
+        messages.append(str(failure.value))
+    assert messages[0] == messages[1]
+    # and another checker gets another seed
+    from minillm.grading._common import stable_seed
+    assert stable_seed("check_causal_mask") != stable_seed("check_attention")
+
+
+def test_the_failing_case_is_a_call_with_the_learners_function_name():
+    def my_causal_mask(q_len, k_len):
+        return torch.ones(q_len, k_len).tril().bool()
+    with pytest.raises(AssertionError) as failure:
+        ex.check_causal_mask(my_causal_mask)
+    assert str(failure.value).startswith("my_causal_mask(1, 7) is wrong: that is the TOP-LEFT mask")
+    assert "fn(" not in str(failure.value)
+
+
+def test_a_failure_renders_once_without_the_checkers_traceback(capsys):
+    """In IPython an exception with _render_traceback_ is shown through it: one "Not yet" message, no frames
+    of the checker's source; nothing printed besides (the message used to appear twice)."""
+    with pytest.raises(AssertionError) as failure:
+        ex.check_merge_attention(lambda oa, la, ob, lb: ((oa + ob) / 2, torch.logaddexp(la, lb)))
+    rendered = failure.value._render_traceback_()
+    assert rendered[0].startswith("Not yet: your function(")                 # a lambda has no name
+    assert not any("File " in line or "_common.py" in line or "ch01.py" in line for line in rendered)
+    assert capsys.readouterr().out == ""
+
+
+def test_a_crash_in_the_learners_code_is_one_message_with_only_the_learners_frames():
+    def my_attention(q, k, v):
+        return torch.einsum("nhd,mhd->hnm", q, k)          # no GQA expansion: einsum fails on 4 vs 2 heads
+    with pytest.raises(AssertionError) as failure:
+        ex.check_attention(my_attention)
+    message = str(failure.value)
+    assert message.startswith("my_attention(<tensor [") and " crashed: q has 4 heads" in message
+    assert "expand K and V to 4 heads" in message and "RuntimeError" in message
+    rendered = failure.value._render_traceback_()
+    frames = [line for line in rendered if line.strip().startswith("File ")]
+    assert frames and all("test_grading_shortcuts.py" in line for line in frames)   # the learner's code only
+
+
+def test_a_passing_check_returns_none_so_a_cell_echoes_nothing(capsys):
+    assert ex.check_causal_mask(mask) is None
+    assert capsys.readouterr().out.count("\n") == 1        # one plain pass line
+
+
+def test_grade_prediction_states_both_numbers_and_the_tolerance():
+    from minillm.grading._common import grade_prediction
+    assert grade_prediction("x", 101, 100, 0.02) == pytest.approx(0.01)
+    with pytest.raises(AssertionError, match=r"you predicted 110, the engine measures 100, 10% off \(allowed 2%\)"):
+        grade_prediction("x", 110, 100, 0.02)
+    with pytest.raises(AssertionError, match="expected a number"):
+        grade_prediction("x", "110", 100, 0.02)
+
+
+# ---- copying the chapter's printed code earns at most half of each chapter's points ----------
+CHAPTERS = Path(__file__).resolve().parents[1] / "notebooks" / "src"
+EXERCISES = Path(__file__).resolve().parents[1] / "exercises" / "solutions" / "src"
+
+
+def _printed(chapter: str, *names: str) -> dict:
+    """Functions the chapter prints, as a learner would copy them: the chapter's own `def`s taken from
+    notebooks/src/NN_*.py, and the engine functions it shows with show_source, transcribed (exec'd
+    from their source, so they are the same code but not the engine's object)."""
+    import ast
+    import inspect
+    import textwrap
+    source = next(CHAPTERS.glob(f"{chapter}_*.py")).read_text()
+    tree = ast.parse(source)
+    namespace = {"torch": torch, "math": math, "F": F, **vars(minillm.attention), **vars(minillm.kv_cache)}
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name in names:
+            exec(compile(ast.Module([node], []), f"<chapter {chapter}>", "exec"), namespace)
+            found[node.name] = namespace[node.name]
+    shown = {n.args[0].id for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") ==
+             "show_source" and n.args and isinstance(n.args[0], ast.Name)}
+    for name in names:
+        if name not in found and name in shown:
+            engine = namespace.get(name) or getattr(minillm.model, name)
+            exec(textwrap.dedent(inspect.getsource(engine)), namespace)
+            found[name] = namespace[name]
+            assert found[name] is not engine
+    missing = set(names) - set(found)
+    assert not missing, f"chapter {chapter} no longer prints {missing}: update this test"
+    return found
+
+
+def _points(chapter: str) -> dict:
+    text = next(EXERCISES.glob(f"{chapter}_*.py")).read_text()
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"ex\.(check_\w+)\(.*\)\s*#\s*points:\s*(\d+)", text)}
+
+
+def _fails(checker, fn) -> bool:
+    try:
+        checker(fn)
+    except AssertionError:
+        return True
+    return False
+
+
+def test_chapter_1s_printed_code_earns_at_most_half():
+    printed = _printed("01", "merge_attention", "causal_mask")
+    merge2, chapter_mask = printed["merge_attention"], printed["causal_mask"]
+    fold = lambda parts: functools.reduce(lambda a, b: merge2(*a, *b), parts)
+    assert _fails(ex.check_merge_parts, fold)
+
+    def count_masks(num_tokens, chunk_size):            # measuring with the chapter's mask is not predicting
+        masks = [chapter_mask(min(chunk_size, num_tokens - s), min(s + chunk_size, num_tokens))
+                 for s in range(0, num_tokens, chunk_size)]
+        return sum(int((~m).sum()) for m in masks) / sum(m.numel() for m in masks)
+    assert _fails(ex.check_masked_fraction, count_masks)
+    points = _points("01")
+    assert points["check_merge_parts"] + points["check_masked_fraction"] >= sum(points.values()) / 2
+
+
+def test_chapter_2s_printed_code_earns_at_most_half():
+    printed = _printed("02", "apply_rope")
+    def at_new_positions(k, old, new, theta):             # the chapter's RoPE, applied where the keys must go
+        cos, sin = _cos_sin(k, new, theta)
+        return printed["apply_rope"](k, cos, sin)
+    assert _fails(ex.check_move_rope, at_new_positions)
+    points = _points("02")
+    assert points["check_move_rope"] + points["check_num_parameters"] >= sum(points.values()) / 2
+
+
+def _cos_sin(x, positions, theta):
+    half = x.shape[-1] // 2
+    inv_freq = theta ** (-torch.arange(half, dtype=torch.float64) * 2 / x.shape[-1])
+    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def test_chapter_3s_printed_code_earns_at_most_half():
+    # the chapter prints BlockManager.allocate and slot_mapping (methods): _append_no_copy transcribes them
+    assert _fails(ex.check_append_slot, _append_no_copy)
+    points = _points("03")
+    assert points["check_append_slot"] + points["check_forward_tokens"] >= sum(points.values()) / 2
+
+
+def test_chapter_4s_printed_code_earns_at_most_half():
+    printed = _printed("04", "my_chunked_prefill", "prefill_positions_restart")
+    mine = printed["my_chunked_prefill"]
+    ex.check_chunked_prefill(lambda m, t, c: mine(m, t, c))                      # copyable: passes
+    assert _fails(ex.check_packed_chunked_prefill, lambda m, ps, c: [mine(m, p, c) for p in ps])
+    points = _points("04")
+    transfer = ("check_step_mask", "check_layer0_question", "check_packed_chunked_prefill", "check_chunked_prefill_work")
+    assert sum(points[name] for name in transfer) >= sum(points.values()) / 2
 
 
 @pytest.mark.parametrize("checker, name, fn, says", SHORTCUTS, ids=[f"{c}-{n}" for c, n, _, _ in SHORTCUTS])
