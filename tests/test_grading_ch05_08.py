@@ -116,6 +116,23 @@ def _rounded_down(prompt_len, chunk_size, break_even):
     return [b - a for a, b in zip([0] + ends, ends)]
 
 
+def decode_first(decoding, waiting, token_budget, max_num_seqs, at_least_one=True, fcfs=True, cap_decodes=True):
+    if decoding:
+        allowed = len(decoding) if token_budget is None or not cap_decodes else min(len(decoding), token_budget)
+        return [(rid, 1) for rid in decoding[:allowed]]
+    plan, used = [], 0
+    for rid, prompt_len in waiting:
+        if len(plan) >= max_num_seqs:
+            break
+        if (plan or not at_least_one) and token_budget is not None and used + prompt_len > token_budget:
+            if fcfs:
+                break
+            continue
+        plan.append((rid, prompt_len))
+        used += prompt_len
+    return plan
+
+
 def stall(model, hw, prompt_len, n, ctx):
     return predict_step(model, [(prompt_len, 0)], hw).total + predict_step(model, [(1, ctx)] * n, hw).total
 
@@ -141,7 +158,8 @@ def expected_ttft(model, hardware, prompt_len, chunk_size, num_decoders, ctx):
 def goodput(outputs, ttft_slo_s, tpot_slo_s, finished_only=True):
     done = [o for o in outputs if o.finished or not finished_only]
     span = max(o.metrics.finish_time or 0.0 for o in done) - min(o.metrics.arrival_time for o in done)
-    good = [o for o in done if o.metrics.ttft <= ttft_slo_s and (o.metrics.tpot is None or o.metrics.tpot <= tpot_slo_s)]
+    good = [o for o in done if o.metrics.ttft <= ttft_slo_s
+            and (o.metrics.tpot is None or o.metrics.tpot <= tpot_slo_s)]
     return len(good) / span
 
 
@@ -347,6 +365,16 @@ CASES = {
         ("no_own_key", lambda p, c, k: _equal_work_with(p, c, lambda m: m * k + m * (m - 1) // 2), "own key"),
         ("hard_coded", lambda p, c, k: [327, 297, 275, 255, 241, 228, 218, 207], "add up to"),
     ]),
+    "check_schedule_decode_first": (decode_first, [
+        ("engine", lambda *a: list(ref06.engine_schedule_decode_first(*a).items()), "engine's own answer"),
+        ("chunked_policy", lambda d, w, b, m: schedule(d, w, 512, b), "NOTHING is decoding"),
+        ("chunks_prompts", lambda d, w, b, m: decode_first(d, w, b, m) if d or b is None else
+         schedule([], w, b, None), "does not chunk"),
+        ("no_first_prompt", lambda *a: decode_first(*a, at_least_one=False), "at least one prompt"),
+        ("skips_big_prompt", lambda *a: decode_first(*a, fcfs=False), "First come, first served"),
+        ("decodes_uncapped", lambda *a: decode_first(*a, cap_decodes=False), "token_budget"),
+        ("no_seq_limit", lambda d, w, b, m: decode_first(d, w, b, 10**6), "max_num_seqs"),
+    ]),
     "check_predicted_stall": (stall, [
         ("simulator", lambda *a: ref06.simulated_stall(*a), "engine's own answer"),
         ("prompt_step_only", lambda m, h, p, n, c: predict_step(m, [(p, 0)], h).total, "NEXT step"),
@@ -430,6 +458,7 @@ PRINTED_ON_TRANSFER = [
     ("check_layer_flops", _no_window),
     ("check_tile_aligned_chunk", lambda n, c, t: c),                          # chapter 5 sizes the chunk alone
     ("check_predicted_stall", lambda m, h, p, n, c: predict_step(m, [(p, 0)], h).total),   # "one whole prefill"
+    ("check_schedule_decode_first", lambda d, w, b, m: schedule(d, w, 512, b)),   # the chunked policy, unchanged
     ("check_chunk_for_gap_slo", lambda *a: gap_chunk(*a, decodes=False)),    # chapter 7 prices chunks alone
     ("check_prefill_tokens_saved", _chapter8_hashes_for_saving),
     ("check_eviction_order", lambda *a: evictions(*a, tail_first=False, ref_counts=False)),   # a plain LRU

@@ -18,7 +18,9 @@ from ._reference import ch06 as _ref
 _SCHEDULER = ("minillm.scheduler.Scheduler.schedule", "minillm.scheduler.Scheduler._schedule_chunked",
               "minillm.engine.EngineCore.step", "minillm.grading._reference.ch06.engine_schedule_chunked",
               "minillm.grading._reference.ch06.engine_num_prefill_steps",
-              "minillm.grading._reference.ch06.engine_equal_work_chunks")
+              "minillm.grading._reference.ch06.engine_equal_work_chunks",
+              "minillm.grading._reference.ch06.engine_schedule_decode_first",
+              "minillm.scheduler.Scheduler._schedule_whole_prompts", "minillm.scheduler.Scheduler._schedule_decodes")
 _CHUNK_SIZING = ("minillm.chunk_sizing.equal_work_chunks", "minillm.chunk_sizing.chunk_end",
                  "minillm.chunk_sizing.tokens_within", "minillm.chunk_sizing.prefill_work")
 _METRICS = ("minillm.request.RequestMetrics.ttft", "minillm.request.RequestMetrics.tpot",
@@ -27,7 +29,7 @@ _METRICS = ("minillm.request.RequestMetrics.ttft", "minillm.request.RequestMetri
 _WHY = "work it out from the rules in the statement; the checker compares with the engine for you."
 
 __all__ = ["check_schedule_chunked", "check_stream_metrics", "check_num_prefill_steps",
-           "check_equal_work_chunks", "check_predicted_stall"]
+           "check_equal_work_chunks", "check_predicted_stall", "check_schedule_decode_first"]
 
 
 
@@ -239,6 +241,7 @@ def check_equal_work_chunks(fn, seed: int | None = None):
 # 5. The stall a prompt causes: predict, then measure
 # ---------------------------------------------------------------------------
 STALL_TOLERANCE = 0.02
+WARMUP = _ref.WARMUP_TOKENS       # the streams' tokens before the prompt arrives (a context is at least this + 1)
 _SIMULATE = ("minillm.sim.simulator.simulate", "minillm.engine.EngineCore.step",
              "minillm.grading._reference.ch06.simulated_stall")
 
@@ -277,8 +280,68 @@ def check_predicted_stall(fn, seed: int | None = None, *, num_cases: int = 6):
                        "they do not ride along")
         errors.append(grade_prediction(f"{call_text(fn, *args)} (the worst gap under prefill_first)", got, measured,
                                        STALL_TOLERANCE, why=why, unit=" s"))
-    return passed(f"predicted_stall: {len(cases)} stalls predicted within {max(errors):.2%} of the simulator's "
-                  f"(tolerance {STALL_TOLERANCE:.0%})")
+    return passed(f"predicted_stall: {len(cases)} stalls predicted, worst error {max(errors):.2%} against the "
+                  f"simulator (tolerance {STALL_TOLERANCE:.0%})")
 
 
-WARMUP = _ref.WARMUP_TOKENS
+
+# ---------------------------------------------------------------------------
+# 6. The decode_first policy as a pure function
+# ---------------------------------------------------------------------------
+def _decode_first_state(rng: random.Random):
+    decoding = rng.sample(range(100, 200), rng.choice([0, 0, rng.randint(1, 6), rng.randint(6, 30)]))
+    waiting = [(rid, rng.choice([rng.randint(1, 64), rng.randint(64, 3000)]))
+               for rid in rng.sample(range(300, 400), rng.randint(0, 6))]
+    token_budget = rng.choice([None, rng.randint(1, 600), rng.randint(600, 4096), max(1, len(decoding) // 2)])
+    return decoding, waiting, token_budget, rng.randint(max(1, len(decoding)), len(decoding) + 5)
+
+
+def _decode_first_mistake(plan: dict, expected: dict, decoding, waiting, token_budget, max_num_seqs) -> str:
+    waiting_ids = {rid for rid, _ in waiting}
+    admitted = [rid for rid, _ in waiting if rid in plan]
+    if decoding and admitted:
+        return ("decode_first admits a prompt only when NOTHING is decoding: while streams decode, a step "
+                "holds their tokens alone. ")
+    lens = dict(waiting)
+    if any(plan[rid] != lens[rid] for rid in admitted):
+        return "decode_first does not chunk: an admitted prompt runs whole, all its tokens in one step. "
+    if decoding and token_budget is not None and len(plan) > token_budget:
+        return f"The decodes too stay within token_budget={token_budget}: the step holds at most that many tokens. "
+    if not decoding and waiting and not admitted:
+        return ("A step with no decodes admits at least one prompt, even one longer than token_budget "
+                "(else it would wait forever). ")
+    if admitted and admitted != [rid for rid, _ in waiting][:len(admitted)]:
+        return ("First come, first served: admission stops at the first prompt that does not fit; a later, "
+                "smaller one does not jump it. ")
+    if len(admitted) > max_num_seqs:
+        return f"At most max_num_seqs={max_num_seqs} requests run at once. "
+    if set(plan) - set(decoding) - waiting_ids:
+        return "Your plan schedules requests that are neither decoding nor waiting. "
+    return ""
+
+
+@checker
+def check_schedule_decode_first(fn, seed: int | None = None, *, num_states: int = 300):
+    """fn(decoding, waiting, token_budget, max_num_seqs) -> [(request_id, num_tokens)], compared with
+    the engine's Scheduler under policy="decode_first"."""
+    rng = random.Random(seed)
+    states = [([1, 2, 3], [(4, 2048)], None, 8), ([], [(4, 2048), (5, 16)], None, 8),
+              ([], [(4, 100), (5, 50), (6, 10)], 120, 8), ([], [(4, 500), (5, 50)], 120, 8),
+              ([], [(4, 5), (5, 5), (6, 5)], None, 2), ([1, 2, 3, 4], [(5, 10)], 2, 8), ([], [], None, 4)]
+    states += [_decode_first_state(rng) for _ in range(num_states)]
+    for decoding, waiting, token_budget, max_num_seqs in states:
+        expected = _ref.engine_schedule_decode_first(decoding, waiting, token_budget, max_num_seqs, rng)
+        args = (list(decoding), list(waiting), token_budget, max_num_seqs)
+        got = learner_call(fn, *args, forbidden=_SCHEDULER, why=_WHY)
+        if not isinstance(got, list) or not all(isinstance(p, tuple) and len(p) == 2 for p in got):
+            _fail(f"{call_text(fn, *args)} returned {got!r}: return a list of (request_id, num_tokens) tuples")
+        plan = dict(got)
+        if len(plan) != len(got) or any(n < 1 for n in plan.values()):
+            _fail(f"{call_text(fn, *args)} returned {got!r}: each request at most once, and leave out requests "
+                  "that get nothing")
+        if plan != expected:
+            _fail(f"{_decode_first_mistake(plan, expected, decoding, waiting, token_budget, max_num_seqs)}"
+                  f"{call_text(fn, *args)} returned {sorted(plan.items())}, the engine's Scheduler plans "
+                  f"{sorted(expected.items())}")
+    return passed(f"check_schedule_decode_first: correct on {len(states)} states, same plans as the engine's "
+                  "Scheduler")

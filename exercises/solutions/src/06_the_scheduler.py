@@ -3,9 +3,9 @@
 #
 # Write each function, then run the check cell below it: it compares your function with
 # the engine (its `Scheduler`, its `RequestMetrics`, its step loop, its simulator) and
-# says what is wrong. None of these needs a model: they run in seconds. The last task goes
-# past the chapter: predict the stall a prompt causes from the cost model, then let the
-# simulator measure it.
+# says what is wrong. None of these needs a model: they run in seconds. The last two tasks
+# go past the chapter: write the `decode_first` policy's step, and predict the stall a
+# prompt causes from the cost model, then let the simulator measure it.
 
 # %%
 import math
@@ -182,7 +182,56 @@ print(sizes)
 assert len(sizes) == 8 and sizes[0] > 256 > sizes[-1]
 
 # %% [markdown]
-# ## 5. The stall a prompt causes: predict, then measure
+# ## 5. The decode_first policy, from the chunked one
+#
+# Chapter 6 gives `decode_first` one sentence (a waiting prompt is admitted only when
+# nothing is decoding) and the engine's dispatch (`Scheduler.schedule`); the steps it
+# builds are yours to work out. Write one step of it over a simplified state (plenty of KV
+# blocks), as you wrote the chunked one in task 1:
+#
+# * `decoding`: ids of the requests that are decoding, in order;
+# * `waiting`: `(request_id, prompt_len)` of the prompts waiting, in arrival order;
+# * `token_budget`: the most tokens of any kind in the step, or `None` for no cap;
+# * `max_num_seqs`: the most requests that may run at once (decoding or admitted).
+#
+# The rules: while anything decodes, the step gives the decodes their one token each (no
+# more decodes than `token_budget` allows) and admits nobody. When nothing decodes, it
+# admits waiting prompts **whole** (no chunking), first come first served, as many as
+# `token_budget` allows, but always at least one (a prompt longer than the budget would
+# otherwise wait forever), and never more than `max_num_seqs`; admission stops at the
+# first prompt that does not fit. Return the plan, a list of `(request_id, num_tokens)`.
+# You may not call the engine's `Scheduler` (the checker asks it for you).
+#
+# <details><summary>Hint</summary>
+#
+# Two kinds of step, never mixed: which one is this? For the prompt step, what does the
+# first prompt get whatever its length, and what stops the walk through the rest?
+#
+# </details>
+
+# %%
+def schedule_decode_first(decoding, waiting, token_budget, max_num_seqs):
+    ### BEGIN SOLUTION
+    if decoding:
+        allowed = len(decoding) if token_budget is None else min(len(decoding), token_budget)
+        return [(request_id, 1) for request_id in decoding[:allowed]]
+    plan, used = [], 0
+    for request_id, prompt_len in waiting:
+        if len(plan) >= max_num_seqs or (plan and token_budget is not None and used + prompt_len > token_budget):
+            break
+        plan.append((request_id, prompt_len))
+        used += prompt_len
+    return plan
+    ### END SOLUTION
+
+# %%
+ex.check_schedule_decode_first(schedule_decode_first)  # points: 3
+# The interference scenario: while three streams decode, the 2048-token prompt waits.
+assert schedule_decode_first([1, 2, 3], [(4, 2048)], None, 8) == [(1, 1), (2, 1), (3, 1)]
+assert schedule_decode_first([], [(4, 2048)], 512, 8) == [(4, 2048)]
+
+# %% [markdown]
+# ## 6. The stall a prompt causes: predict, then measure
 #
 # Chapter 6 measured the stall: under `prefill_first` one long prompt stops every stream
 # for a whole prefill. Now predict it before anything runs. `num_decoders` streams are

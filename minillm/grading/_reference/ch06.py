@@ -120,3 +120,28 @@ def simulated_stall(model, hardware, prompt_len: int, num_decoders: int, decoder
                                         decoder_prompt_len=decoder_context - WARMUP_TOKENS + 1, long_output_len=1)
     res = simulate(workload, SchedulerConfig(policy="prefill_first"), model=model, hardware=hardware)
     return res.summary()["decoder_itl_max_s"]
+
+
+def engine_schedule_decode_first(decoding, waiting, token_budget, max_num_seqs, rng=None):
+    """Ask the engine's Scheduler (policy "decode_first") for the plan of one step.
+
+    decoding: request ids decoding; waiting: (request_id, prompt_len) in arrival
+    order. Returns {request_id: num_new_tokens}."""
+    rng = rng or random.Random(0)
+    config = SchedulerConfig(policy="decode_first", token_budget=token_budget, max_num_seqs=max_num_seqs)
+    block_size = 16
+    longest = max([n for _, n in waiting] + [64]) + 64
+    blocks = BlockManager((len(decoding) + len(waiting)) * (longest // block_size + 2) + 1, block_size)
+    scheduler = Scheduler(config, blocks)
+    params = SamplingParams(max_tokens=10_000, ignore_eos=True)
+    for rid in decoding:
+        request = Request(rid, None, params, 0.0, prompt_len=rng.randint(1, 40))
+        request.output_token_ids = [0] * rng.randint(1, 20)
+        request.num_computed_tokens = request.num_tokens - 1
+        request.status = RequestStatus.RUNNING
+        blocks.allocate(rid, request.num_computed_tokens)
+        scheduler.running.append(request)
+    for rid, prompt_len in waiting:
+        scheduler.waiting.append(Request(rid, None, params, 0.0, prompt_len=prompt_len))
+    plan = scheduler.schedule()
+    return {r.request_id: n for r, n in plan.scheduled}
