@@ -66,16 +66,32 @@ def test_grade_command_exits_0_on_a_failing_notebook_and_2_when_misused(tmp_path
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     run = lambda *args: subprocess.run([sys.executable, "-m", "minillm", "grade", *args], cwd=ROOT, env=env,
                                        capture_output=True, text=True, timeout=600)
-    # a two-task notebook: one passes, one is a stub (the real ones are graded above)
+    # a four-task notebook: one passes, one is a stub, one fails a checker, one crashes in the learner's code
+    # (the real ones are graded above); the longest title is past the old 44-character column
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_markdown_cell("## 1. Warm-up"), nbformat.v4.new_code_cell("assert 1 + 1 == 2  # points: 1"),
         nbformat.v4.new_markdown_cell("## 2. Left to do"),
-        nbformat.v4.new_code_cell("def f():\n    raise NotImplementedError\nf()  # points: 2")])
+        nbformat.v4.new_code_cell("def f():\n    raise NotImplementedError\nf()  # points: 2"),
+        nbformat.v4.new_markdown_cell("## 3. The mask of a chunk over a cache, bottom-right aligned"),
+        nbformat.v4.new_code_cell("import torch\nimport minillm.grading as ex\n"
+                                  "def my_mask(q, k):\n    return torch.ones(q, k).tril().bool()\n"
+                                  "ex.check_causal_mask(my_mask)  # points: 1"),
+        nbformat.v4.new_markdown_cell("## 4. Merge"),
+        nbformat.v4.new_code_cell("def my_merge(oa, la, ob, lb):\n    return oa + 'x'\n"
+                                  "ex.check_merge_attention(my_merge)  # points: 1")])
     nbformat.write(nb, tmp_path / "tiny.ipynb")
     done = run(str(tmp_path))
     assert done.returncode == 0, done.stderr
     assert "1. Warm-up" in done.stdout and "not attempted" in done.stdout
-    assert re.search(r"total\s+1/3", done.stdout), done.stdout
+    assert re.search(r"total\s+1/5$", done.stdout, re.M), done.stdout          # nothing else on the total line
+    # one clean table: no kernel log, no traceback, every title on its row's first line, unwrapped
+    for noise in ("Kernel is running over TCP", "WARNING", "Traceback", "File \""):
+        assert noise not in done.stdout + done.stderr, (noise, done.stdout, done.stderr)
+    rows = {line.split("  ")[0]: line for line in done.stdout.splitlines()}
+    assert "3. The mask of a chunk over a cache, bottom-right aligned" in rows
+    assert "my_mask(1, 7) is wrong: that is the TOP-LEFT mask" in rows["3. The mask of a chunk over a cache, "
+                                                                         "bottom-right aligned"]
+    assert "my_merge(" in done.stdout and "raised TypeError" in done.stdout
     (tmp_path / "tiny.ipynb").unlink()
     # misuse, in process (each `python -m minillm` start imports torch)
     assert grade.main([str(tmp_path / "missing.ipynb")]) == 2
@@ -109,3 +125,21 @@ def test_every_task_has_a_collapsed_hint_and_the_notebook_imports_no_answers(src
     imports = "\n".join(line for line in text.splitlines() if re.match(r"\s*(import|from) ", line))
     for forbidden in ("minillm.book", "_reference", "minillm.sim.accounting", "figures", "plots"):
         assert forbidden not in imports, f"{src.name} imports {forbidden}: the exercise's answer lives there"
+
+
+def test_a_check_cell_shows_one_pass_line_or_one_clean_failure(kernel_env):
+    """In a kernel: a passing check cell prints its pass line and echoes no `True`; a failing one shows
+    "Not yet: ..." once, with no traceback through the checker's source, and still fails (an error output)."""
+    from nbclient import NotebookClient
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("import torch\nimport minillm.grading as ex\n"
+                                  "def good(q, k):\n    return torch.arange(k)[None] <= torch.arange(q)[:, None] + (k - q)\n"
+                                  "ex.check_causal_mask(good)"),
+        nbformat.v4.new_code_cell("def bad(q, k):\n    return torch.ones(q, k).tril().bool()\nex.check_causal_mask(bad)")])
+    NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True).execute()
+    good, bad = nb.cells[0].outputs, nb.cells[1].outputs
+    assert [o.output_type for o in good] == ["stream"] and good[0].text.startswith("✓ ")
+    assert good[0].text.count("\n") == 1
+    assert [o.output_type for o in bad] == ["error"] and bad[0].ename == "ExerciseFailed"
+    assert bad[0].traceback[0].startswith("Not yet: bad(1, 7) is wrong: that is the TOP-LEFT mask")
+    assert not any("File " in line or "_common" in line for line in bad[0].traceback)
