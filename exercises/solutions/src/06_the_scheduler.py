@@ -32,7 +32,8 @@ from minillm.sim.simulator import predict_step
 # Leave out requests that get nothing. The checker tests the invariants (budget never
 # exceeded, at most `chunk_size` prefill tokens, every decode gets its token, first come
 # first served, nobody gets more than it needs) on random states, then compares your plan
-# with what `Scheduler._schedule_chunked` decides on the same state.
+# with what `Scheduler._schedule_chunked` decides on the same state. You may not call the
+# engine's `Scheduler` (nor paste its method: it works on `Request` objects, not this state).
 #
 # <details><summary>Hint</summary>
 #
@@ -69,7 +70,8 @@ assert schedule_chunked([1, 2, 3], [(4, 2048)], 512, None) == [(1, 1), (2, 1), (
 # `stream_metrics(arrival_time, token_times)` returns a dict with
 # `"ttft"` (first token minus arrival), `"tpot"` ((E2E - TTFT) / (output tokens - 1), or
 # `None` with a single token) and `"itl"` (the list of gaps between consecutive tokens),
-# all in seconds, with the serving benchmarks' conventions that `RequestMetrics` follows.
+# all in seconds, with the serving benchmarks' conventions that `RequestMetrics` follows
+# (which you may not call).
 # Then use it on a stream with one stall.
 #
 # <details><summary>Hint</summary>
@@ -107,7 +109,7 @@ assert stalled["tpot"] < 0.011 and max(stalled["itl"]) > 0.2
 # `chunked` policy. How many engine steps from its arrival until its first token? (The
 # streams keep decoding all along; `token_budget` is `None` or at least
 # `num_decoding + 1`.) The checker runs the engine's step loop with a fake model and
-# counts.
+# counts. You may not call the engine or its `Scheduler`.
 #
 # <details><summary>Hint</summary>
 #
@@ -146,7 +148,7 @@ assert num_prefill_steps(8192, 512, 64, 512) == 19
 # (integers: no rounding question), and the last chunk ends at `prompt_len`. Return the
 # chunk sizes, a list of ints. The checker runs the engine's scheduler
 # (`chunk_sizing="equal_work"`, KV blocks of one token so that no boundary is rounded to a
-# block) and compares.
+# block) and compares. You may not call `minillm.chunk_sizing` (it holds the answer).
 #
 # <details><summary>Hint</summary>
 #

@@ -23,7 +23,8 @@ from minillm.prefix_cache import ROOT_HASH, hash_block
 # `hash_block(parent_hash, tokens)` hashes one full block together with its parent's hash.
 # Return the hashes of the full blocks of `token_ids`, in order: the first block's parent is
 # `ROOT_HASH`, every later block's parent is the hash of the block before it, and a partial
-# last block gets no hash (it can still change).
+# last block gets no hash (it can still change). You may call `hash_block`, not
+# `prefix_cache.block_hashes`.
 #
 # <details><summary>Hint</summary>
 #
@@ -52,7 +53,8 @@ ex.check_chain_hashes(chain_hashes)  # points: 1
 # The first `cached_blocks` full blocks of a `prompt_len`-token prompt are in the cache.
 # How many of the prompt's tokens does the engine compute when the prompt arrives? A hit
 # covers whole blocks, and never the last prompt token (its logits give the first output
-# token): think of a prompt whose every block is cached.
+# token): think of a prompt whose every block is cached. You may not call
+# `prefix_cache.max_cached_tokens` or the block manager.
 #
 # <details><summary>Hint</summary>
 #
@@ -78,7 +80,8 @@ ex.check_tokens_to_compute(tokens_to_compute)  # points: 1
 # Prompts of `prompt_lens` tokens wait, in arrival order; nothing else runs. Under the
 # chunked policy with `chunk_size` prefill tokens per step and vLLM V1's cap
 # `long_prefill_token_threshold = threshold` (0: no cap), return how many tokens each
-# prompt gets in the first step (0 for those that get none).
+# prompt gets in the first step (0 for those that get none). You may not call the engine's
+# `Scheduler`.
 #
 # <details><summary>Hint</summary>
 #
@@ -110,7 +113,7 @@ ex.check_plan_prefill_step(plan_prefill_step)  # points: 2
 # target)`: `attainment_by_rate` maps a request rate (req/s) to the fraction of requests that met
 # both SLOs at that rate, in any order. Return the highest rate whose attainment is at
 # least `target`, scanning rates upward and stopping at the first that misses it (0.0 if
-# the lowest already misses).
+# the lowest already misses). You may not call `minillm.sim.disaggregation`.
 #
 # <details><summary>Hint</summary>
 #
