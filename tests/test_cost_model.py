@@ -52,3 +52,71 @@ def test_importing_the_cost_model_reads_no_profile_files(tmp_path):
             "from minillm.sim.op_profiles import profile_paths; "
             "assert len(profile_paths()) == 7")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---- the step's type decides its fixed cost (issue 28) --------------------------
+
+def test_default_capture_sizes_follow_vllms_rule():
+    sizes = cost_model.default_capture_sizes()
+    assert sizes[:5] == (1, 2, 4, 8, 16) and sizes[-1] == 512
+    assert 248 in sizes and 252 not in sizes and 272 in sizes and 264 not in sizes
+    assert cost_model.default_capture_sizes(max_num_seqs=64)[-1] == 128
+    assert cost_model.default_capture_sizes(max_num_seqs=256, max_num_batched_tokens=96)[-1] == 96
+
+
+def test_decode_mixed_and_oversized_steps_are_priced_differently_with_the_reason():
+    decode = predict_step(LLAMA3, [(1, 1000)] * 37, "A100-80GB")
+    mixed = predict_step(LLAMA3, [(200, 0)] + [(1, 1000)] * 37, "A100-80GB")
+    oversized = predict_step(LLAMA3, [(600, 0)] + [(1, 1000)] * 37, "A100-80GB")
+    assert (decode.kind, decode.graph, decode.rows) == ("decode", "full", 40)
+    assert (mixed.kind, mixed.graph, mixed.rows) == ("mixed", "piecewise", 240)
+    assert (oversized.kind, oversized.graph, oversized.rows) == ("mixed", "none", 637)
+    assert "full graph at capture size 40 (3 padded rows)" in decode.reason
+    assert "attention eager" in mixed.reason and "> largest capture size 512: eager" in oversized.reason
+    # host launches: one graph replay < a graph per layer + eager attention < every kernel eager
+    assert decode.launch_s < mixed.launch_s < oversized.launch_s
+
+
+def test_padded_rows_cost_and_capture_sizes_are_settable():
+    hw = cost_model.gpu_profile("H100-SXM")
+    padded = predict_step(LLAMA3, [(100, 0)], hw, capture_sizes=(8, 512), async_scheduling=False)
+    exact = predict_step(LLAMA3, [(100, 0)], hw, capture_sizes=(8, 100), async_scheduling=False)
+    assert padded.rows == 512 and exact.rows == 100 and padded.device_s > exact.device_s
+    eager = predict_step(LLAMA3, [(100, 0)], hw, graph_mode="none", async_scheduling=False)
+    assert eager.graph == "none" and eager.rows == 100 and eager.launch_s > exact.launch_s
+
+
+def test_async_scheduling_hides_host_time_behind_the_gpus():
+    shape = [(512, 0)] + [(1, 1000)] * 8
+    sync = predict_step(LLAMA3, shape, "A100-80GB", async_scheduling=False)
+    over = predict_step(LLAMA3, shape, "A100-80GB", async_scheduling=True)
+    assert sync.total == pytest.approx(sync.host_s + max(sync.launch_s, sync.device_s))
+    assert over.total == pytest.approx(max(over.host_s + over.launch_s, over.device_s))
+    assert over.total == pytest.approx(over.device_s)           # a big step: the host hides
+    assert sync.total - over.total == pytest.approx(sync.host_s)
+
+
+def test_a_cpu_profile_has_no_graphs_and_keeps_the_additive_step():
+    cpu = cost_model.gpu_profile("A100-80GB").replace(num_sms=0, name="a cpu")
+    t = predict_step(LLAMA3, [(1, 100)] * 4, cpu)
+    assert t.graph == "none" and "no CUDA graphs" in t.reason
+    assert t.total == pytest.approx(t.device_s + t.host_s)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(graph_mode="full"), "graph_mode='full'"),
+    (dict(capture_sizes=(0, 8)), "capture_sizes"),
+    (dict(async_scheduling="yes"), "async_scheduling='yes'"),
+])
+def test_bad_step_options_are_named(bad, match):
+    with pytest.raises(ValueError, match=match):
+        predict_step(LLAMA3, [(8, 0)], "H100-SXM", **bad)
+
+
+def test_gemm_tiling_counts_tiles_and_waves():
+    t = cost_model.gemm_tiling(2112, 4096, 28672, "H100-SXM")
+    assert t.row_tiles == -(-2112 // t.tile_m) and t.col_tiles == -(-28672 // t.tile_n)
+    assert t.waves == pytest.approx(t.tiles / 132)
+    assert "waves on 132 SMs" in t.describe()
+    with pytest.raises(ValueError, match="m=0"):
+        cost_model.gemm_tiling(0, 4096, 4096, "H100-SXM")

@@ -109,3 +109,23 @@ def test_bad_workloads_and_chunk_sizes_are_value_errors():
         simulate(long_prompt_interference(**SMALL), SchedulerConfig(chunk_size=0))
     with pytest.raises(ValueError, match="prompt_len"):
         long_prompt_interference(prompt_len=-5)
+
+
+def test_the_trace_says_how_each_step_was_priced():
+    """Issue 28: each record is still a StepRecord, with the step's kind, graph and reason."""
+    from minillm.engine import StepRecord
+    from minillm.sim.simulator import SimStepRecord
+    from minillm.sim import workloads as wl
+    work = wl.long_prompt_interference(prompt_len=1024, num_decoders=4)
+    res = simulate(work, SchedulerConfig(chunk_size=256), model="llama-3-8b", hardware="A100-80GB")
+    assert all(isinstance(r, SimStepRecord) and isinstance(r, StepRecord) for r in res.trace)
+    kinds = {r.kind for r in res.trace}
+    assert {"decode", "mixed"} <= kinds
+    decode = next(r for r in res.trace if r.kind == "decode")
+    assert decode.graph == "full" and "uniform decode batch" in decode.reason
+    mixed = next(r for r in res.trace if r.kind == "mixed")
+    assert mixed.graph == "piecewise" and mixed.rows >= mixed.num_prefill_tokens + mixed.num_decode_tokens
+    eager = simulate(work, SchedulerConfig(chunk_size=256), model="llama-3-8b", hardware="A100-80GB",
+                     graph_mode="none", async_scheduling=False)
+    assert {r.graph for r in eager.trace} == {"none"}
+    assert eager.trace[-1].end > res.trace[-1].end        # eager and synchronous: slower

@@ -27,6 +27,8 @@ import matplotlib.pyplot as plt
 from . import figures
 from ..scheduler import CHUNK_SIZINGS, SchedulerConfig
 from ..sim.capacity import SIMULATED_DIR, CapacitySLO, capacity, point_key, load_point, load_points
+from ..sim.cost_model import (DEFAULT_ASYNC_SCHEDULING, DEFAULT_GRAPH_MODE, GRAPH_MODES, check_graph_mode,
+                              gemm_tiling, predict_step)
 from ..sim.simulator import resolve_hardware, resolve_model
 from ..sim.workloads import LENGTH_MIXES, Workload, long_prompt_interference
 
@@ -76,6 +78,8 @@ class LabSettings:
     ttft_slo_ms: float = 2000.0      # under load: the median TTFT
     policy: str = "chunked"          # under load: one of LAB_POLICIES
     chunk_sizing: str = "fixed"      # chunks of equal tokens, or "equal_work" (chapter 6, section 7)
+    graph_mode: str = DEFAULT_GRAPH_MODE        # simulate: CUDA graphs by step type (cost_model.GRAPH_MODES)
+    async_scheduling: bool = DEFAULT_ASYNC_SCHEDULING   # simulate: host work hides behind the GPU's
 
     def check(self) -> "LabSettings":
         """Raise ValueError naming the first bad setting; return self."""
@@ -89,6 +93,9 @@ class LabSettings:
         check_choice("workload", self.workload, WORKLOADS)
         check_choice("policy", self.policy, LAB_POLICIES)
         check_choice("chunk_sizing", self.chunk_sizing, CHUNK_SIZINGS)
+        check_graph_mode(self.graph_mode)
+        if not isinstance(self.async_scheduling, bool):
+            raise ValueError(f"async_scheduling={self.async_scheduling!r}: True or False")
         check_real("itl_slo_ms", self.itl_slo_ms, 0, exclusive_minimum=True, hint="milliseconds")
         check_real("ttft_slo_ms", self.ttft_slo_ms, 0, exclusive_minimum=True, hint="milliseconds")
         check_real("rate_per_s", self.rate_per_s, 0, exclusive_minimum=True, hint="4 requests per second")
@@ -99,8 +106,8 @@ class LabSettings:
                 raise ValueError(f"prompt_len={self.prompt_len}: {cfg.name} accepts at most "
                                  f"{cfg.max_position - 1} prompt tokens")
             if self.workload != "interference":
-                from ..sim.cost_model import predict_step
-                decode_ms = predict_step(cfg, [(1, 512)], hw).total * 1e3
+                decode_ms = predict_step(cfg, [(1, 512)], hw, graph_mode=self.graph_mode,
+                                         async_scheduling=self.async_scheduling).total * 1e3
                 if self.itl_slo_ms < decode_ms:
                     raise ValueError(f"itl_slo_ms={self.itl_slo_ms:g}: below one decode step of {cfg.name} "
                                      f"on {hw.name} ({decode_ms:.1f} ms); no setting can meet it")
@@ -214,7 +221,8 @@ def _simulated_run(settings: LabSettings) -> LabRun:
     key = replace(settings, itl_slo_ms=1.0, ttft_slo_ms=1.0, rate_per_s=1.0, policy="chunked")
     if key not in LAB.simulated:
         from ..sim.simulator import simulate
-        res = simulate(key.workload_spec(), key.sched(), model=key.model, hardware=key.hardware)
+        res = simulate(key.workload_spec(), key.sched(), model=key.model, hardware=key.hardware,
+                       graph_mode=key.graph_mode, async_scheduling=key.async_scheduling)
         name = key.hardware if isinstance(key.hardware, str) else key.hardware.name
         LAB.simulated[key] = LabRun(key, res.outputs, res.trace, res.summary(), f"{name} (simulated)")
     return LAB.simulated[key]
@@ -223,7 +231,8 @@ def _simulated_run(settings: LabSettings) -> LabRun:
 def _measure_key(settings: LabSettings) -> LabSettings:
     # keyed by the measured model: model= names it, the simulate-only fields are blanked
     return replace(settings, model=settings.measure_model, hardware="this device", itl_slo_ms=1.0,
-                   ttft_slo_ms=1.0, rate_per_s=1.0, policy="chunked")
+                   ttft_slo_ms=1.0, rate_per_s=1.0, policy="chunked", graph_mode=DEFAULT_GRAPH_MODE,
+                   async_scheduling=DEFAULT_ASYNC_SCHEDULING)
 
 
 def is_measured(settings=None, **overrides) -> bool:
@@ -290,10 +299,15 @@ def lab_run(settings=None, progress: bool = False, on_step=None, **overrides) ->
 
 def _load_point(settings: LabSettings, sched: SchedulerConfig, rate: float, on_point=None) -> dict:
     if on_point is not None and point_key(sched, settings.workload, settings.model, settings.hardware,
-                                           LOAD_REQUESTS, 0, rate) not in LAB.load_points:
+                                           LOAD_REQUESTS, 0, rate, settings.graph_mode,
+                                           settings.async_scheduling) not in LAB.load_points:
         on_point(rate)                                 # a simulation is about to run: say so
     return load_point(sched, rate, settings.workload, settings.model, settings.hardware,
-                      LOAD_REQUESTS, 0, LAB.load_points)
+                      LOAD_REQUESTS, 0, LAB.load_points, **_step_options(settings))
+
+
+def _step_options(settings: LabSettings) -> dict:
+    return dict(graph_mode=settings.graph_mode, async_scheduling=settings.async_scheduling)
 
 
 def chunk_sweep(settings=None, chunk_sizes=CHUNK_SIZES, on_point=None, **overrides) -> list[dict]:
@@ -337,14 +351,16 @@ def capacity_rows(settings=None, chunk_sizes=None, on_point=None, **overrides) -
         for chunk in chunks:
             s = replace(settings, policy=policy, chunk_size=chunk if chunk is not None else 512)
             res = capacity(s.sched(), settings.capacity_slo(), settings.workload, settings.model,
-                           settings.hardware, LOAD_REQUESTS, 0, LAB_RATES, LAB.load_points, on_point)
+                           settings.hardware, LOAD_REQUESTS, 0, LAB_RATES, LAB.load_points, on_point,
+                           **_step_options(settings))
             rows.append({"policy": policy, "chunk_size": chunk, "capacity_req_s": res.rate_per_s})
     return rows
 
 
 def _current_capacity(settings: LabSettings) -> float:
     return capacity(settings.sched(), settings.capacity_slo(), settings.workload, settings.model,
-                    settings.hardware, LOAD_REQUESTS, 0, LAB_RATES, LAB.load_points).rate_per_s
+                    settings.hardware, LOAD_REQUESTS, 0, LAB_RATES, LAB.load_points,
+                    **_step_options(settings)).rate_per_s
 
 
 def _what(settings: LabSettings) -> str:
@@ -380,6 +396,37 @@ def lab_verdict(settings=None, **overrides) -> str:
             f"long prompt TTFT {ttft_ms:.0f} ms")
 
 
+READOUT_CONTEXT = 1024        # the decodes' context in step_readout's priced step
+
+
+def step_readout(settings=None, **overrides) -> str:
+    """The step's M against the GEMM tile and the waves, and how the step runs.
+
+    The step a chunk shares with the decodes: the budget (the chunk size, or the
+    whole prompt with no chunking) plus one row per decode is the M of every
+    linear layer. Its largest GEMM (gate_up) is cut into tiles, the tiles into
+    waves over the SMs; predict_step says which graph the step runs as and why.
+    """
+    settings = _as_settings(settings, **overrides)
+    if settings.mode != "simulate":
+        return "measured on this device: no GPU tiles or CUDA graphs to read out"
+    cfg, hw = resolve_model(settings.model), resolve_hardware(settings.hardware)
+    budget = settings.prompt_len if settings.chunk_size == OFF else int(settings.chunk_size)
+    decodes = settings.num_decoders
+    shape = [(budget, 0, False)] + [(1, READOUT_CONTEXT)] * decodes
+    step = predict_step(cfg, shape, hw, **_step_options(settings))
+    text = f"budget {budget} + {decodes} decodes = {budget + decodes} rows"
+    if hw.has_cuda_graphs:
+        tiling = gemm_tiling(step.rows, cfg.hidden_size, 2 * cfg.intermediate_size, hw)
+        whole = (budget + decodes) % tiling.tile_m == 0
+        text += (f" (computed as {step.rows})" if step.rows != budget + decodes else "")
+        text += (f": gate_up in {tiling.row_tiles} row tiles of {tiling.tile_m}"
+                 f"{'' if whole else ' (the last one partly empty)'} x {tiling.col_tiles} column tiles "
+                 f"of {tiling.tile_n} = {tiling.tiles} tiles, {tiling.waves:.1f} waves on {hw.num_sms} SMs")
+    run_as = "eager (no graph)" if step.graph == "none" else f"{step.graph} graph"
+    return f"{text}; {run_as}, step {step.total * 1e3:.1f} ms ({step.reason})"
+
+
 def best_chunk_size(settings=None, chunk_sizes=CHUNK_SIZES, **overrides):
     """Interference: the chunk size (or "off") with the lowest long-prompt TTFT among
     those whose worst decoder gap meets settings.itl_slo_ms; None if none does."""
@@ -411,7 +458,8 @@ def lab_figure(settings=None, progress: bool = False, fig=None, **overrides):
         itl_slo_ms=settings.itl_slo_ms, probe=(long.metrics.arrival_time, long.metrics.first_token_time),
         num_streams=settings.num_decoders, stream_tag="decoder",
         worst_gap_s=run.summary["decoder_itl_max_s"],
-        title=f"{where}: {verdict}", fig=fig)
+        title=f"{where}: {verdict}" + (f"\n{step_readout(settings).split(';')[0]}"
+                                          if settings.mode == "simulate" else ""), fig=fig)
 
 
 def _load_title(settings: LabSettings, verdict: str) -> str:

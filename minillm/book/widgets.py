@@ -77,6 +77,15 @@ def lab_controls(settings: lab_state.LabSettings | None = None) -> dict:
                                style=style, layout=layout),
         "mode": w.ToggleButtons(options=[("simulate", "simulate"), ("measure on this device", "measure")],
                                 value=s.mode, description="mode", style=style),
+        "graph_mode": w.Dropdown(options=[("CUDA graphs: full (decodes) + piecewise (vLLM V1)",
+                                            "full_and_piecewise"),
+                                           ("CUDA graphs: piecewise only", "piecewise"),
+                                           ("no CUDA graphs (eager)", "none")],
+                                  value=s.graph_mode, description="graph mode (simulate)", style=style,
+                                  layout=layout),
+        "async_scheduling": w.ToggleButtons(options=[("async (overlapped)", True), ("synchronous", False)],
+                                            value=s.async_scheduling, description="host scheduling",
+                                            style=style),
         # what "measure" runs; greyed out while simulating, where it changes nothing
         "measure_model": w.Dropdown(options=MEASURE_MODEL_OPTIONS, value=s.measure_model,
                                     description="model (measure)", style=style, layout=layout,
@@ -97,7 +106,10 @@ def verdict_html(on_step=None, **values):
     except (ValueError, TypeError) as e:
         return None, f"<b class='lab-verdict' style='color:#b00'>Cannot run this setting:</b> {html.escape(str(e))}"
     color = "#070" if verdict.startswith("MEETS") else "#b00"
-    return settings, f"<b class='lab-verdict' style='color:{color}'>{html.escape(verdict)}</b>"
+    readout = ""
+    if settings.mode == "simulate" and not settings.under_load:
+        readout = f"<br><span class='lab-step'>{html.escape(lab_state.step_readout(settings))}</span>"
+    return settings, f"<b class='lab-verdict' style='color:{color}'>{html.escape(verdict)}</b>{readout}"
 
 
 class LabView:
@@ -125,8 +137,8 @@ class LabView:
         self.redraws = 0
         left = w.VBox([self.controls[k] for k in ("workload", "policy", "chunk_size", "chunk_sizing",
                                                   "rate_per_s", "itl_slo_ms", "ttft_slo_ms")])
-        right = w.VBox([self.controls[k] for k in ("num_decoders", "prompt_len", "model", "hardware", "mode",
-                                                   "measure_model")])
+        right = w.VBox([self.controls[k] for k in ("num_decoders", "prompt_len", "model", "hardware",
+                                                   "graph_mode", "async_scheduling", "mode", "measure_model")])
         self.widget = w.VBox([w.HBox([left, right]), self.verdict, self.progress, self.image])
         self.widget.add_class("minillm-lab")
         for control in self.controls.values():

@@ -40,6 +40,7 @@ from ..validation import check_real
 
 from ..scheduler import SchedulerConfig
 from ..metrics import distribution
+from .cost_model import DEFAULT_ASYNC_SCHEDULING, DEFAULT_GRAPH_MODE
 from .simulator import resolve_hardware, resolve_model, simulate
 from .workloads import LENGTH_MIXES, steady_traffic
 
@@ -82,17 +83,23 @@ class CapacitySLO:
                      or point["sched_delay_p50_s"] * 1e3 <= self.sched_delay_p50_ms))
 
 
-def point_key(sched, lengths, model, hardware, num_requests, seed, rate):
+def point_key(sched, lengths, model, hardware, num_requests, seed, rate,
+              graph_mode=DEFAULT_GRAPH_MODE, async_scheduling=DEFAULT_ASYNC_SCHEDULING):
     """How load_point caches a probe: the configuration, the mix, the model and
-    hardware names, the number of requests, the seed and the rate (not the SLO)."""
+    hardware names, the number of requests, the seed and the rate (not the SLO);
+    a graph mode or async setting other than vLLM's default is appended."""
     name = hardware if isinstance(hardware, str) else hardware.name
     model_name = model if isinstance(model, str) else model.name
-    return (sched, lengths, model_name, name, num_requests, seed, rate)
+    key = (sched, lengths, model_name, name, num_requests, seed, rate)
+    if (graph_mode, async_scheduling) != (DEFAULT_GRAPH_MODE, DEFAULT_ASYNC_SCHEDULING):
+        key += (graph_mode, async_scheduling)
+    return key
 
 
 def load_point(sched: SchedulerConfig, rate_per_s: float, lengths: str = "chat", model="mistral-7b",
                hardware="A100-80GB", num_requests: int = DEFAULT_NUM_REQUESTS, seed: int = 0,
-               cache: dict | None = None) -> dict:
+               cache: dict | None = None, *, graph_mode: str = DEFAULT_GRAPH_MODE,
+               async_scheduling: bool = DEFAULT_ASYNC_SCHEDULING) -> dict:
     """Serve num_requests of `lengths` at rate_per_s; the numbers capacity and the
     lab need (seconds): TTFT p50/p90/p99, TPOT mean/p50/p99, ITL p50/p99/max,
     the scheduling delay (arrival to the first step that schedules the request,
@@ -100,12 +107,14 @@ def load_point(sched: SchedulerConfig, rate_per_s: float, lengths: str = "chat",
     latency (a trial whose arrivals span less than a few request lifetimes is a
     burst, not steady traffic), throughputs. cache: a dict to memoize in (the
     lab keeps one)."""
-    key = point_key(sched, lengths, model, hardware, num_requests, seed, rate_per_s)
+    key = point_key(sched, lengths, model, hardware, num_requests, seed, rate_per_s, graph_mode,
+                    async_scheduling)
     if cache is not None and key in cache:
         return cache[key]
     cfg = resolve_model(model)
     workload = steady_traffic(rate_per_s, num_requests, lengths, max_model_len=cfg.max_position, seed=seed)
-    res = simulate(workload, sched, model=cfg, hardware=hardware)
+    res = simulate(workload, sched, model=cfg, hardware=hardware, graph_mode=graph_mode,
+                   async_scheduling=async_scheduling)
     s = res.summary()
     first_scheduled: dict[int, float] = {}
     for record in res.trace:
@@ -140,7 +149,8 @@ def save_points(cache: dict, path) -> None:
     """Write a load_point cache (as capacity and the lab fill it) to a JSON file."""
     entries = [{"sched": asdict(sched), "lengths": lengths, "model": model, "hardware": hardware,
                 "num_requests": num_requests, "seed": seed, "rate_per_s": rate, "point": point}
-               for (sched, lengths, model, hardware, num_requests, seed, rate), point in cache.items()]
+               | (dict(graph_mode=rest[0], async_scheduling=rest[1]) if rest else {})
+               for (sched, lengths, model, hardware, num_requests, seed, rate, *rest), point in cache.items()]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(entries, indent=0))
 
@@ -151,7 +161,9 @@ def load_points(path) -> dict:
     try:
         entries = json.loads(Path(path).read_text())
         return {point_key(SchedulerConfig(**e["sched"]), e["lengths"], e["model"], e["hardware"],
-                     e["num_requests"], e["seed"], e["rate_per_s"]): e["point"] for e in entries}
+                     e["num_requests"], e["seed"], e["rate_per_s"],
+                     e.get("graph_mode", DEFAULT_GRAPH_MODE),
+                     e.get("async_scheduling", DEFAULT_ASYNC_SCHEDULING)): e["point"] for e in entries}
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"path={str(path)!r}: not a file of simulated load points ({e}); "
                          "write one with capacity.save_points") from None
@@ -176,7 +188,9 @@ class CapacityResult:
 
 def capacity(sched: SchedulerConfig, slo: CapacitySLO | None = None, lengths: str = "chat",
              model="mistral-7b", hardware="A100-80GB", num_requests: int = DEFAULT_NUM_REQUESTS,
-             seed: int = 0, rates=RATE_GRID, cache: dict | None = None, on_point=None) -> CapacityResult:
+             seed: int = 0, rates=RATE_GRID, cache: dict | None = None, on_point=None, *,
+             graph_mode: str = DEFAULT_GRAPH_MODE, async_scheduling: bool = DEFAULT_ASYNC_SCHEDULING
+             ) -> CapacityResult:
     """The highest rate in `rates` (ascending) at which `sched` meets `slo`, by bisection.
 
     Each probe is load_point: num_requests seeded Poisson arrivals at one rate
@@ -203,7 +217,8 @@ def capacity(sched: SchedulerConfig, slo: CapacitySLO | None = None, lengths: st
     def passes(i: int) -> bool:
         if on_point is not None:
             on_point(rates[i])
-        point = load_point(sched, rates[i], lengths, model, hardware, num_requests, seed, cache)
+        point = load_point(sched, rates[i], lengths, model, hardware, num_requests, seed, cache,
+                           graph_mode=graph_mode, async_scheduling=async_scheduling)
         result.points[rates[i]] = point
         return slo.met_by(point)
 

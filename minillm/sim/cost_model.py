@@ -36,7 +36,9 @@ from .accounting import OPS, _check_cfg, dtype_bytes_on, normalize_step, step_co
 from ..config import ModelConfig
 from .profiles import Hardware, gpu_profile
 
-__all__ = ["StepTime", "predict_step", "gemm_time_s", "elementwise_time_s", "layer_linear_times_s"]
+__all__ = ["StepTime", "predict_step", "gemm_time_s", "gemm_tiling", "GemmTiling", "elementwise_time_s",
+           "layer_linear_times_s", "GRAPH_MODES", "DEFAULT_GRAPH_MODE", "DEFAULT_ASYNC_SCHEDULING",
+           "default_capture_sizes", "step_graph", "check_graph_mode", "check_capture_sizes"]
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,14 @@ class StepTime:
     """Predicted seconds of one step: by_op summed over layers, plus overhead."""
     total: float
     by_op: dict = field(hash=False)          # same keys as StepCost.by_op, seconds
-    overhead_s: float = 0.0                  # step overhead + norms, RoPE, residuals, embedding
+    overhead_s: float = 0.0                  # total minus by_op: host time not hidden, small kernels
+    kind: str = ""                           # "decode", "mixed" or "prefill" (step_graph)
+    graph: str = "none"                      # "full", "piecewise" or "none" (eager)
+    rows: int = 0                            # tokens computed, padding to the capture size included
+    device_s: float = 0.0                    # the GPU's kernels (by_op + small kernels)
+    host_s: float = 0.0                      # scheduling, input preparation, sampling, outputs
+    launch_s: float = 0.0                    # host time launching kernels and graph replays
+    reason: str = ""                         # why the step costs what it does
 
 
 # ---- one kernel --------------------------------------------------------------
@@ -59,17 +68,89 @@ def _blend(t_compute_s: float, t_memory_s: float, p: float) -> float:
     return hi * ((t_compute_s / hi) ** p + (t_memory_s / hi) ** p) ** (1.0 / p)
 
 
+@dataclass(frozen=True)
+class GemmTiling:
+    """How one GEMM's output [m, n] is cut into tiles and the tiles into waves over the SMs."""
+    m: int
+    n: int
+    tile_m: int
+    tile_n: int
+    efficiency: float
+    row_tiles: int                 # ceil(m / tile_m)
+    col_tiles: int                 # ceil(n / tile_n)
+    num_sms: int                   # 0: no waves (a CPU)
+    compute_s: float               # the tiles' compute time, partial wave included
+
+    @property
+    def tiles(self) -> int:
+        return self.row_tiles * self.col_tiles
+
+    @property
+    def waves(self) -> float:
+        """Tiles over SMs: 1.3 means one full wave and a last one 30% full."""
+        return self.tiles / self.num_sms if self.num_sms else 0.0
+
+    def describe(self) -> str:
+        text = (f"{self.m} rows: {self.row_tiles} tiles of {self.tile_m} rows x {self.col_tiles} of "
+                f"{self.tile_n} columns = {self.tiles} tiles")
+        if self.num_sms:
+            text += f", {self.waves:.1f} waves on {self.num_sms} SMs"
+        return text
+
+
+def _tile_compute_s(m, k, n, tile_m, tile_n, efficiency, hw) -> tuple[int, int, float]:
+    row_tiles, col_tiles = math.ceil(m / tile_m), math.ceil(n / tile_n)
+    tile_flops = 2 * tile_m * tile_n * k
+    if hw.num_sms:
+        # Each SM computes one tile at a time: the work is the waves, a partial last
+        # wave charged between its share (0) and a whole wave (1).
+        waves = row_tiles * col_tiles / hw.num_sms
+        waves += hw.wave_quantization * (math.ceil(waves) - waves)
+        work_flops = waves * hw.num_sms * tile_flops
+    else:
+        work_flops = row_tiles * col_tiles * tile_flops      # partial tiles cost whole ones
+    return row_tiles, col_tiles, work_flops / (hw.peak_flops_s * efficiency)
+
+
+def gemm_tiling(m: int, k: int, n: int, hardware, dtype_bytes: int = 2) -> GemmTiling:
+    """The tile kernel an [m, k] x [k, n] GEMM runs with on `hardware` (the fastest of
+    Hardware.tiles for this shape, as a GEMM library's heuristic picks) and its waves."""
+    hw = gpu_profile(hardware)
+    m, k, n = (_positive(name, v) for name, v in (("m", m), ("k", k), ("n", n)))
+    t_memory_s = _gemm_memory_s(m, k, n, hw, dtype_bytes)
+    best = None
+    for tile_m, tile_n, efficiency in hw.tiles:
+        rows, cols, t_compute_s = _tile_compute_s(m, k, n, tile_m, tile_n, efficiency, hw)
+        t = _blend(t_compute_s, t_memory_s, hw.overlap_exponent)
+        if best is None or t < best[0]:
+            best = (t, GemmTiling(m, n, tile_m, tile_n, efficiency, rows, cols, hw.num_sms, t_compute_s))
+    return best[1]
+
+
+def _positive(name, value) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}={value!r}: a GEMM dimension is a whole number >= 1")
+    return value
+
+
+def _gemm_memory_s(m, k, n, hw, dtype_bytes) -> float:
+    bytes_moved = (k * n + m * k + m * n) * dtype_bytes
+    return bytes_moved / (hw.mem_bandwidth_bytes_s * hw.bandwidth_efficiency)
+
+
 def gemm_time_s(m: int, k: int, n: int, hw: Hardware, dtype_bytes: int = 2) -> float:
-    """[m, k] x [k, n] with an [k, n] weight: seconds on hw."""
+    """[m, k] x [k, n] with an [k, n] weight: seconds on hw.
+
+    Compute: the tiles (M and N padded to the tile) in waves over the SMs, at the
+    tile kernel's efficiency; memory: weights, input and output at the streaming
+    bandwidth; blended (see _blend), the fastest tile kernel of hw.tiles wins.
+    """
     if m == 0:
         return 0.0
-    m_padded = math.ceil(m / hw.gemm_tile_m) * hw.gemm_tile_m     # partial tiles cost whole ones
-    n_padded = math.ceil(n / hw.gemm_tile_n) * hw.gemm_tile_n
-    t_compute_s = 2 * m_padded * n_padded * k / (hw.peak_flops_s * hw.gemm_efficiency)
-    bytes_moved = (k * n + m * k + m * n) * dtype_bytes
-    t_memory_s = bytes_moved / (hw.mem_bandwidth_bytes_s * hw.bandwidth_efficiency)
-    t = _blend(t_compute_s, t_memory_s, hw.overlap_exponent) + hw.kernel_launch_s
-    return max(t, hw.kernel_floor_s)
+    t_memory_s = _gemm_memory_s(m, k, n, hw, dtype_bytes)
+    t = min(_blend(_tile_compute_s(m, k, n, tm, tn, eff, hw)[2], t_memory_s, hw.overlap_exponent)
+            for tm, tn, eff in hw.tiles)
+    return max(t + hw.kernel_launch_s, hw.kernel_floor_s)
 
 
 def elementwise_time_s(bytes_moved: int, hw: Hardware) -> float:
@@ -100,9 +181,88 @@ def layer_linear_times_s(cfg: ModelConfig, num_tokens: int, hw: Hardware,
     return times
 
 
+# ---- how a step runs: CUDA graphs by step type, host time ----------------------
+
+GRAPH_MODES = ("none", "piecewise", "full_and_piecewise")
+DEFAULT_GRAPH_MODE = "full_and_piecewise"     # vLLM V1's cudagraph_mode default
+DEFAULT_ASYNC_SCHEDULING = True               # vLLM's default since v0.14.0
+# Kernels one decoder layer launches when run eagerly: 2 norms, qkv, RoPE, the KV-cache
+# write, attention, o_proj, 2 residual adds, gate_up, the activation, down.
+KERNELS_PER_LAYER = 12
+KERNELS_PER_STEP = 4          # embedding, final norm, lm_head, sampling
+
+
+def default_capture_sizes(max_num_seqs: int = 256, max_num_batched_tokens: int | None = None) -> tuple:
+    """The token counts vLLM V1 captures CUDA graphs for, by its default rule.
+
+    vLLM (vllm/config/vllm.py, VllmConfig._set_cudagraph_sizes; v0.11 to v0.14):
+    max_cudagraph_capture_size = min(2 * max_num_seqs, 512), capped at
+    max_num_batched_tokens; sizes [1, 2, 4], then every 8 below 256, then every
+    16 from 256 up to that maximum. A step is padded up to the next size.
+    """
+    max_num_seqs = _positive("max_num_seqs", max_num_seqs)
+    largest = min(2 * max_num_seqs, 512)
+    if max_num_batched_tokens is not None:
+        largest = min(largest, _positive("max_num_batched_tokens", max_num_batched_tokens))
+    sizes = [s for s in (1, 2, 4) if s <= largest]
+    sizes += list(range(8, min(largest + 1, 256), 8)) + list(range(256, largest + 1, 16))
+    return tuple(sizes)
+
+
+def check_capture_sizes(capture_sizes) -> tuple:
+    """None -> vLLM's default for 256 sequences; else sorted whole numbers >= 1."""
+    if capture_sizes is None:
+        return default_capture_sizes()
+    try:
+        sizes = tuple(sorted(set(capture_sizes)))
+    except TypeError:
+        sizes = ()
+    if not sizes or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in sizes):
+        raise ValueError(f"capture_sizes={capture_sizes!r}: give token counts >= 1, e.g. (1, 2, 4, 8, 16), "
+                         "or None for vLLM's default")
+    return sizes
+
+
+def check_graph_mode(graph_mode) -> str:
+    if graph_mode not in GRAPH_MODES:
+        raise ValueError(f"graph_mode={graph_mode!r}: use one of {GRAPH_MODES} (vLLM's cudagraph_mode "
+                         "NONE, PIECEWISE, FULL_AND_PIECEWISE)")
+    return graph_mode
+
+
+def step_graph(reqs, graph_mode: str, capture_sizes: tuple) -> tuple[str, str, int, int]:
+    """How vLLM V1 runs a step: (kind, graph, rows padded to, reason).
+
+    kind: "decode" (every request one new token: a uniform decode batch), "prefill"
+    (no decodes) or "mixed". graph: "full" (the whole forward is one replayed graph),
+    "piecewise" (graphs between the attention calls, attention launched eagerly) or
+    "none" (every kernel launched eagerly). A graph exists only for a step of at most
+    max(capture_sizes) tokens, and runs at the next capture size: the padded rows
+    are computed too.
+    """
+    num_tokens = sum(n for n, _, _ in reqs)
+    decodes = sum(1 for n, c, _ in reqs if n == 1 and c > 0)
+    kind = "decode" if all(n == 1 for n, _, _ in reqs) else ("mixed" if decodes else "prefill")
+    largest = capture_sizes[-1]
+    if graph_mode == "none":
+        return kind, "none", num_tokens, f"{kind} step of {num_tokens} rows, graph mode none: eager"
+    if num_tokens > largest:
+        return kind, "none", num_tokens, (f"{kind} step of {num_tokens} rows > largest capture size "
+                                          f"{largest}: eager")
+    padded = next(s for s in capture_sizes if s >= num_tokens)
+    graph = "full" if kind == "decode" and graph_mode == "full_and_piecewise" else "piecewise"
+    why = ("uniform decode batch" if graph == "full" else
+           f"{kind} step" + (": attention eager" if kind != "decode" else
+                             " (graph mode piecewise): attention eager"))
+    return kind, graph, padded, (f"{why}, {num_tokens} rows <= {largest}: {graph} graph at capture size "
+                                 f"{padded} ({padded - num_tokens} padded rows)")
+
+
 # ---- one step ----------------------------------------------------------------
 
-def predict_step(cfg, requests, hardware="H100-SXM", dtype_bytes: int | None = None) -> StepTime:
+def predict_step(cfg, requests, hardware="H100-SXM", dtype_bytes: int | None = None, *,
+                 graph_mode: str = DEFAULT_GRAPH_MODE, capture_sizes=None,
+                 async_scheduling: bool = DEFAULT_ASYNC_SCHEDULING) -> StepTime:
     """Predicted seconds of one step of a packed batch on `hardware`.
 
     requests: [(num_new_tokens, num_cached_tokens[, samples]), ...] as in
@@ -111,18 +271,41 @@ def predict_step(cfg, requests, hardware="H100-SXM", dtype_bytes: int | None = N
     None: the profile's own dtype (2 for the GPUs' bfloat16, 4 for a CPU
     calibrated in float32). Each operation takes the blended max of its
     compute and memory times (see the module docstring); by_op sums over layers.
+
+    On a GPU (hardware.num_sms > 0) the step runs as vLLM V1 would run it
+    (step_graph): graph_mode "full_and_piecewise" (vLLM's default), "piecewise"
+    or "none"; capture_sizes None: vLLM's default sizes (default_capture_sizes);
+    padded rows cost. Host work (step_overhead_s: scheduling, input preparation,
+    sampling, outputs) and kernel launches (host_launch_s per eager kernel,
+    graph_launch_s per graph replay) run on the CPU; the kernels on the GPU.
+    async_scheduling=False: the host's work comes before the GPU's (total = host
+    + max(launches, device)); True (vLLM's default since v0.14): the host
+    prepares this step while the GPU runs the previous one, taken to be alike,
+    so a step costs max(host + launches, device). On a CPU (num_sms == 0) there
+    are no graphs and nothing overlaps: total = kernels + step_overhead_s.
     """
     cfg = _check_cfg(cfg)
     hw = gpu_profile(hardware)
     b = dtype_bytes_on(hw, dtype_bytes)
+    graph_mode = check_graph_mode(graph_mode)
+    capture_sizes = check_capture_sizes(capture_sizes)
+    if not isinstance(async_scheduling, bool):
+        raise ValueError(f"async_scheduling={async_scheduling!r}: True or False")
     reqs = normalize_step(requests)
     num_tokens = sum(n for n, _, _ in reqs)
     num_sampled = sum(1 for _, _, s in reqs if s)
     layers = cfg.num_layers
     if num_tokens == 0:
-        return StepTime(hw.step_overhead_s, {op: 0.0 for op in OPS}, hw.step_overhead_s)
+        return StepTime(hw.step_overhead_s, {op: 0.0 for op in OPS}, hw.step_overhead_s,
+                        host_s=hw.step_overhead_s, reason="empty step: host work only")
+    if hw.has_cuda_graphs:
+        kind, graph, rows, reason = step_graph(reqs, graph_mode, capture_sizes)
+    else:
+        kind, graph, rows, reason = step_graph(reqs, "none", capture_sizes)
+        reason = reason.replace("graph mode none", "no CUDA graphs on this hardware")
 
-    linear = layer_linear_times_s(cfg, num_tokens, hw, b)
+    # The GEMMs and small kernels run over every row the graph computes, padding included.
+    linear = layer_linear_times_s(cfg, rows, hw, b)
     cost = step_cost(cfg, reqs, b)
     # Attention is one fused kernel per layer (FlashAttention); it is compute-bound
     # for a long chunk and memory-bound (KV reads) for decodes over long contexts.
@@ -142,7 +325,28 @@ def predict_step(cfg, requests, hardware="H100-SXM", dtype_bytes: int | None = N
     }
     # Not in by_op: two RMSNorms, RoPE and two residual adds per layer (each
     # reads and writes [T, d]-sized activations), the embedding gather.
-    per_layer_misc_s = 5 * elementwise_time_s(2 * num_tokens * cfg.hidden_size * b, hw)
-    overhead_s = (hw.step_overhead_s + hw.per_seq_overhead_s * len(reqs) + layers * per_layer_misc_s
-                  + elementwise_time_s(num_tokens * cfg.hidden_size * b, hw))
-    return StepTime(sum(by_op.values()) + overhead_s, by_op, overhead_s)
+    per_layer_misc_s = 5 * elementwise_time_s(2 * rows * cfg.hidden_size * b, hw)
+    small_kernels_s = (hw.per_seq_overhead_s * len(reqs) + layers * per_layer_misc_s
+                       + elementwise_time_s(rows * cfg.hidden_size * b, hw))
+    device_s = sum(by_op.values()) + small_kernels_s
+    host_s = hw.step_overhead_s
+    if not hw.has_cuda_graphs:
+        # A CPU: the "kernels" are the host's own work; nothing overlaps.
+        total = device_s + host_s
+        return StepTime(total, by_op, total - sum(by_op.values()), kind=kind, graph=graph, rows=rows,
+                        device_s=device_s, host_s=host_s, reason=reason)
+    if graph == "full":
+        launch_s = hw.graph_launch_s
+    elif graph == "piecewise":          # a graph between attentions: layers + 1 pieces
+        launch_s = (layers + 1) * hw.graph_launch_s + layers * hw.host_launch_s
+    else:
+        launch_s = (layers * KERNELS_PER_LAYER + KERNELS_PER_STEP) * hw.host_launch_s
+    if async_scheduling:
+        total = max(host_s + launch_s, device_s)
+        reason += "; async scheduling: host work hides behind the GPU's" if device_s >= host_s + launch_s \
+            else "; async scheduling: the host is the slower side"
+    else:
+        total = host_s + max(launch_s, device_s)
+        reason += "; synchronous: host work, then the GPU"
+    return StepTime(total, by_op, total - sum(by_op.values()), kind=kind, graph=graph, rows=rows,
+                    device_s=device_s, host_s=host_s, launch_s=launch_s, reason=reason)

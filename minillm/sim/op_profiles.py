@@ -34,13 +34,15 @@ from .profiles import Hardware, gpu_profile
 __all__ = [
     "GpuOpProfile", "profile_dir", "profile_paths", "load_gpu_op_profile", "linear_op_errors",
     "error_summary", "fit_hardware_factors", "held_out_errors", "PROFILE_HARDWARE", "LINEAR_OPS",
-    "FITTED_OPS",
+    "FITTED_OPS", "MAX_ROWS", "NEUTRAL_START", "NON_ATTENTION_OPS", "measured_layer_s",
+    "chunked_vs_whole",
 ]
 
 PROFILE_HARDWARE = {"a100": "A100-80GB", "h100": "H100-SXM"}   # file prefix -> profile name
 # The per-layer operators we predict and compare (column names of the files).
 LINEAR_OPS = ("qkv_proj", "o_proj", "mlp_gate_up_proj", "mlp_down_proj", "mlp")
 FITTED_OPS = ("qkv_proj", "o_proj", "mlp_gate_up_proj", "mlp_down_proj")   # the fit's loss
+MAX_ROWS = 4096       # rows compared: 1..4096 (every file has them; Llama-3-8B's go to 32768)
 
 
 def profile_dir() -> Path:
@@ -103,22 +105,26 @@ def _as_profile(profile) -> GpuOpProfile:
     return profile if isinstance(profile, GpuOpProfile) else load_gpu_op_profile(profile)
 
 
-def linear_op_errors(profile, hardware=None, ops=LINEAR_OPS, dtype_bytes: int = 2) -> dict:
+def linear_op_errors(profile, hardware=None, ops=LINEAR_OPS, dtype_bytes: int = 2,
+                     max_rows: int | None = MAX_ROWS) -> dict:
     """Predicted vs measured per operator: op -> list of (num_tokens, measured_s, predicted_s, rel_error).
 
+    Rows up to max_rows tokens (None: all).
     profile: a GpuOpProfile or a path to one; hardware: defaults to the
     profile's GPU. rel_error = (predicted - measured) / measured.
     """
     profile = _as_profile(profile)
     hw = gpu_profile(hardware if hardware is not None else profile.hardware)
-    predicted = [layer_linear_times_s(profile.cfg, m, hw, dtype_bytes) for m in profile.num_tokens]
+    keep = [i for i, m in enumerate(profile.num_tokens) if max_rows is None or m <= max_rows]
+    rows = [profile.num_tokens[i] for i in keep]
+    predicted = [layer_linear_times_s(profile.cfg, m, hw, dtype_bytes) for m in rows]
     out = {}
     for op in ops:
         if op not in profile.times_s:
             raise ValueError(f"ops contains {op!r}: not a column of {profile.path.name}; "
                              f"choose from {sorted(profile.times_s)}")
-        out[op] = [(m, t, p[op], (p[op] - t) / t)
-                   for m, t, p in zip(profile.num_tokens, profile.times_s[op], predicted)]
+        measured = [profile.times_s[op][i] for i in keep]
+        out[op] = [(m, t, p[op], (p[op] - t) / t) for m, t, p in zip(rows, measured, predicted)]
     return out
 
 
@@ -131,14 +137,16 @@ def error_summary(errors: dict) -> tuple[float, float]:
 def fit_hardware_factors(paths, hardware, trials: int = 300, seed: int = 0) -> Hardware:
     """Refine the kernel factors of `hardware` on measured files of ONE GPU.
 
-    A seeded stochastic hill-climb: each trial perturbs the current best
-    gemm_efficiency, bandwidth_efficiency, overlap_exponent, launch and floor
-    times by up to +-10% (tiles: a neighbouring power of two) and keeps the
-    candidate if the loss drops. Loss: the worst file's max(median |error|,
-    p90 |error| / 2.5) over FITTED_OPS. The datasheet peak and bandwidth never
-    change. paths: CSV paths or GpuOpProfiles. Returns the best Hardware found.
+    A seeded stochastic hill-climb: each trial perturbs the current best tile
+    kernels' efficiencies (the tile shapes and the SM count stay), the wave
+    quantization, bandwidth_efficiency, overlap_exponent, launch and floor times
+    by a few percent and keeps the candidate if the loss drops. Loss: the worst
+    file's max(median |error|, p90 |error| / 2.5) over FITTED_OPS on rows up to
+    MAX_ROWS. The datasheet peak, bandwidth and SM count never change. paths:
+    CSV paths or GpuOpProfiles. Returns the best Hardware found.
     """
     base = gpu_profile(hardware)
+    base = base.replace(gemm_tiles=base.tiles)
     profiles = [_as_profile(p) for p in paths]
     if not profiles:
         raise ValueError("paths=[]: need at least one measured profile to fit to")
@@ -151,31 +159,29 @@ def fit_hardware_factors(paths, hardware, trials: int = 300, seed: int = 0) -> H
             worst = max(worst, median, p90 / 2.5)
         return worst
 
-    def nudge(value, low, high):
-        return min(high, max(low, value * rng.uniform(0.9, 1.1)))
+    def nudge(value, low, high, spread=0.1):
+        return min(high, max(low, value * rng.uniform(1 - spread, 1 + spread)))
 
     best, best_loss = base, loss(base)
     for _ in range(trials):
         candidate = best.replace(
-            gemm_efficiency=round(nudge(best.gemm_efficiency, 0.3, 1.0), 3),
-            bandwidth_efficiency=round(nudge(best.bandwidth_efficiency, 0.3, 1.0), 3),
-            gemm_tile_m=rng.choice([best.gemm_tile_m, max(16, best.gemm_tile_m // 2),
-                                    min(256, best.gemm_tile_m * 2)]),
-            gemm_tile_n=rng.choice([best.gemm_tile_n, max(16, best.gemm_tile_n // 2),
-                                    min(256, best.gemm_tile_n * 2)]),
-            overlap_exponent=round(nudge(best.overlap_exponent, 1.0, 20.0), 2),
-            kernel_launch_s=round(nudge(best.kernel_launch_s or 1e-6, 0, 2e-5), 8),
-            kernel_floor_s=round(nudge(best.kernel_floor_s or 1e-6, 0, 3e-5), 8))
+            gemm_tiles=tuple((tm, tn, round(nudge(eff, 0.2, 1.0, 0.07), 3)) for tm, tn, eff in best.gemm_tiles),
+            wave_quantization=round(min(1.0, max(0.0, best.wave_quantization + rng.uniform(-0.15, 0.15))), 3),
+            bandwidth_efficiency=round(nudge(best.bandwidth_efficiency, 0.3, 1.0, 0.05), 3),
+            overlap_exponent=round(nudge(best.overlap_exponent, 1.0, 20.0, 0.15), 2),
+            kernel_launch_s=round(nudge(best.kernel_launch_s or 1e-6, 0, 2e-5, 0.2), 8),
+            kernel_floor_s=round(nudge(best.kernel_floor_s or 1e-6, 0, 3e-5, 0.2), 8))
         candidate_loss = loss(candidate)
         if candidate_loss < best_loss:
             best, best_loss = candidate, candidate_loss
     return best
 
 
-# A start that knows nothing about any file: typical fractions of a datasheet,
-# a 64x64 tile, a soft overlap, microsecond launches.
-NEUTRAL_START = dict(gemm_efficiency=0.7, bandwidth_efficiency=0.85, gemm_tile_m=64, gemm_tile_n=64,
-                     overlap_exponent=2.0, kernel_launch_s=5e-6, kernel_floor_s=1e-6)
+NEUTRAL_START = dict(gemm_tiles=((64, 64, 0.7), (128, 128, 0.7), (128, 256, 0.7)), wave_quantization=0.5,
+                     bandwidth_efficiency=0.85, overlap_exponent=2.0, kernel_launch_s=5e-6, kernel_floor_s=1e-6)
+# A start that knows nothing about any file: the tile kernels a GEMM library offers
+# (64x64, 128x128, 128x256) at a typical fraction of peak, half-charged partial waves,
+# a soft overlap, microsecond launches.
 
 
 def held_out_errors(paths=None, trials: int = 150, seed: int = 0, row_stride: int = 3) -> dict:
@@ -199,4 +205,43 @@ def held_out_errors(paths=None, trials: int = 150, seed: int = 0, row_stride: in
         out[prof.path.name] = {"in_sample": error_summary(linear_op_errors(prof)),
                                "held_out": error_summary(linear_op_errors(prof, refit)),
                                "fitted_on": [p.path.name for p in others]}
+    return out
+
+
+# Every measured operator of a layer except attention (the files hold none) and the
+# embedding (once per model, not per layer).
+NON_ATTENTION_OPS = ("input_rmsnorm", "qkv_proj", "rope", "o_proj", "post_attn_rmsnorm",
+                     "mlp_gate_up_proj", "mlp_act", "mlp_down_proj", "residual_add")
+MEASURED_LINEAR_OPS = FITTED_OPS
+
+
+def measured_layer_s(profile, num_tokens: int, ops=MEASURED_LINEAR_OPS) -> float:
+    """Measured seconds of one layer's `ops` at num_tokens rows (the mean where a
+    file holds the row twice). ValueError if the file has no such row."""
+    profile = _as_profile(profile)
+    at = [i for i, m in enumerate(profile.num_tokens) if m == num_tokens]
+    if not at:
+        raise ValueError(f"num_tokens={num_tokens!r}: {profile.path.name} has no such row; it has "
+                         f"{profile.num_tokens[:4]}...{profile.num_tokens[-2:]}")
+    missing = [op for op in ops if op not in profile.times_s]
+    if missing:
+        raise ValueError(f"ops contains {missing}: not columns of {profile.path.name}")
+    return sum(sum(profile.times_s[op][i] for i in at) / len(at) for op in ops)
+
+
+def chunked_vs_whole(profile, chunk: int, total: int, hardware=None) -> dict:
+    """A prompt of `total` rows in chunks of `chunk` against one step, one layer, in ms:
+    measured linear ops, measured non-attention ops, and the cost model's linear ops
+    (on `hardware`, default the file's GPU). Keys: "chunked" and "whole", each a dict."""
+    profile = _as_profile(profile)
+    if total % chunk:
+        raise ValueError(f"total={total}, chunk={chunk}: the chunks must divide the prompt")
+    hw = gpu_profile(hardware if hardware is not None else profile.hardware)
+    out = {}
+    for name, rows, count in (("chunked", chunk, total // chunk), ("whole", total, 1)):
+        model = layer_linear_times_s(profile.cfg, rows, hw)
+        out[name] = {"steps": count, "rows": rows,
+                     "linear_ms": count * measured_layer_s(profile, rows) * 1e3,
+                     "non_attention_ms": count * measured_layer_s(profile, rows, NON_ATTENTION_OPS) * 1e3,
+                     "model_linear_ms": count * sum(model[op] for op in MEASURED_LINEAR_OPS) * 1e3}
     return out

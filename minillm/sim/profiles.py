@@ -59,17 +59,41 @@ class Hardware:
     kernel_floor_s: float = 0.0          # no kernel is faster than this
     step_overhead_s: float = 0.0         # per step: scheduling, sampling, host work
     per_seq_overhead_s: float = 0.0      # per request in the step (a CPU attention loops over them)
+    # ---- a GPU's GEMM tiles and waves, CUDA graphs and host launches (cost_model) ----
+    num_sms: int = 0                     # streaming multiprocessors; 0: no waves, no CUDA graphs (a CPU)
+    # (tile_m, tile_n, efficiency) kernels the GEMM library picks from (the fastest for the
+    # shape wins); () : the one tile (gemm_tile_m, gemm_tile_n, gemm_efficiency)
+    gemm_tiles: tuple = ()
+    wave_quantization: float = 0.0      # 0: a partial last wave costs its share; 1: a whole wave
+    host_launch_s: float = 0.0           # host time to launch one kernel eagerly (PyTorch dispatch)
+    graph_launch_s: float = 0.0          # host time to replay one captured CUDA graph
     source: str = ""                     # where the numbers come from
 
     def __post_init__(self):
         for arg in ("peak_flops_s", "mem_bandwidth_bytes_s"):
             check_real(arg, getattr(self, arg), 0, exclusive_minimum=True)
+        check_real("wave_quantization", self.wave_quantization, 0, 1, hint="a fraction such as 0.5")
+        for tile in self.gemm_tiles:
+            if (not isinstance(tile, tuple) or len(tile) != 3 or not all(int(t) == t and t >= 1 for t in tile[:2])
+                    or not 0 < tile[2] <= 1):
+                raise ValueError(f"gemm_tiles={self.gemm_tiles!r}: give (tile_m, tile_n, efficiency) triples, "
+                                 "tiles whole numbers >= 1, efficiency in (0, 1], e.g. ((128, 128, 0.7),)")
         for arg in ("gemm_efficiency", "attention_efficiency", "bandwidth_efficiency",
                     "attention_bandwidth_efficiency"):
             check_real(arg, getattr(self, arg), 0, 1, exclusive_minimum=True, hint="a fraction such as 0.7",
                        allow_none=arg == "attention_bandwidth_efficiency")
         # A name the widths do not know would count bytes at a guessed width.
         check_choice("dtype", self.dtype, DTYPE_WIDTHS, hint="the torch dtype's name without 'torch.'")
+
+    @property
+    def tiles(self) -> tuple:
+        """The (tile_m, tile_n, efficiency) GEMM kernels this profile picks from."""
+        return self.gemm_tiles or ((self.gemm_tile_m, self.gemm_tile_n, self.gemm_efficiency),)
+
+    @property
+    def has_cuda_graphs(self) -> bool:
+        """A GPU (num_sms > 0): steps can replay captured CUDA graphs."""
+        return self.num_sms > 0
 
     @property
     def dtype_bytes(self) -> int:
@@ -99,15 +123,25 @@ class Hardware:
 
 
 _GB = 1e9
-# Kernel factors fitted to the Vidur operator profiles (op_profiles.fit_hardware_factors,
-# run once per GPU over all its files; see op_profiles.py). The A100-40GB shares the
-# A100-80GB's chip, the H200 the H100's: their factors are carried over, not fitted.
-_A100_FIT = dict(gemm_efficiency=0.727, attention_efficiency=0.5, bandwidth_efficiency=0.926,
-                 gemm_tile_m=64, gemm_tile_n=64, overlap_exponent=1.85,
-                 kernel_launch_s=5.88e-6, kernel_floor_s=9.4e-7, step_overhead_s=2e-3)
-_H100_FIT = dict(gemm_efficiency=0.694, attention_efficiency=0.5, bandwidth_efficiency=0.844,
-                 gemm_tile_m=128, gemm_tile_n=256, overlap_exponent=4.32,
-                 kernel_launch_s=8.03e-6, kernel_floor_s=1.09e-6, step_overhead_s=2e-3)
+# Kernel factors fitted to the Vidur operator profiles (op_profiles.fit_hardware_factors
+# from op_profiles.NEUTRAL_START, 800 trials, seed 0, every 2nd row of every file of the
+# GPU, rows 1-4096); the tile kernels are 64x64, 128x128 and 128x256 (the fastest for a
+# shape wins), each with its fitted fraction of peak, in waves over the SMs. The
+# A100-40GB shares the A100-80GB's chip, the H200 the H100's: their factors are carried
+# over, not fitted. The legacy gemm_* fields are the 128x128 kernel (for readers that
+# want one tile).
+# Host side (ASSUMED, not fitted: the files hold no whole steps): 2 ms of host work per
+# step (scheduling, input preparation, sampling, outputs), 10 us of host time per kernel
+# launched eagerly (PyTorch's dispatch), 10 us per CUDA-graph replay.
+_HOST = dict(step_overhead_s=2e-3, host_launch_s=10e-6, graph_launch_s=10e-6)
+_A100_FIT = dict(gemm_tiles=((64, 64, 0.681), (128, 128, 0.719), (128, 256, 0.736)), wave_quantization=0.31,
+                 gemm_efficiency=0.719, gemm_tile_m=128, gemm_tile_n=128, num_sms=108,
+                 attention_efficiency=0.5, bandwidth_efficiency=0.869, overlap_exponent=2.37,
+                 kernel_launch_s=5.05e-6, kernel_floor_s=1.19e-6, **_HOST)
+_H100_FIT = dict(gemm_tiles=((64, 64, 0.648), (128, 128, 0.701), (128, 256, 0.663)), wave_quantization=0.343,
+                 gemm_efficiency=0.701, gemm_tile_m=128, gemm_tile_n=128, num_sms=132,
+                 attention_efficiency=0.5, bandwidth_efficiency=0.967, overlap_exponent=2.14,
+                 kernel_launch_s=4.68e-06, kernel_floor_s=7.2e-07, **_HOST)
 
 PROFILES: dict[str, Hardware] = {
     "A100-40GB": Hardware("A100-40GB", 312e12, 1555 * _GB, 40 * 2**30, **_A100_FIT,

@@ -10,10 +10,11 @@ engine would make; only the durations are predicted.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from ..config import ModelConfig
-from .cost_model import StepTime, predict_step
+from .cost_model import (DEFAULT_ASYNC_SCHEDULING, DEFAULT_GRAPH_MODE, StepTime, check_capture_sizes,
+                         check_graph_mode, predict_step)
 from ..engine import EngineCore, StepRecord, VirtualClock
 from .hardware import Hardware, PROFILES, get_hardware
 from ..kv_cache import blocks_for
@@ -25,7 +26,7 @@ from ..validation import check_int
 from .accounting import check_dtype_bytes, dtype_bytes_on
 from .workloads import Workload
 
-__all__ = ["simulate", "SimResult", "CostModelExecutor", "predict_step", "StepTime",
+__all__ = ["simulate", "SimResult", "CostModelExecutor", "predict_step", "StepTime", "SimStepRecord",
            "resolve_model", "resolve_hardware", "default_sim_num_blocks"]
 
 DUMMY_TOKEN = 0          # simulated requests produce this token; EOS is ignored
@@ -47,14 +48,37 @@ def resolve_hardware(hardware) -> Hardware:
     return get_hardware(hardware)
 
 
-class CostModelExecutor:
-    """An executor for EngineCore: step time from predict_step, tokens are dummies."""
+@dataclass
+class SimStepRecord(StepRecord):
+    """The engine's StepRecord plus how the cost model priced the step (cost_model.step_graph):
+    its kind, the graph it ran as, the rows computed (padding included), device and
+    host seconds and the reason in words. Every StepRecord user reads it as before."""
+    kind: str = ""
+    graph: str = "none"
+    rows: int = 0
+    device_s: float = 0.0
+    host_s: float = 0.0
+    reason: str = ""
 
-    def __init__(self, cfg: ModelConfig, hardware: Hardware, dtype_bytes: int = 2):
+
+class CostModelExecutor:
+    """An executor for EngineCore: step time from predict_step, tokens are dummies.
+
+    graph_mode, capture_sizes, async_scheduling: as predict_step's. `priced`
+    holds the StepTime of every executed step, in order (simulate() joins them
+    to the engine's trace)."""
+
+    def __init__(self, cfg: ModelConfig, hardware: Hardware, dtype_bytes: int = 2, *,
+                 graph_mode: str = DEFAULT_GRAPH_MODE, capture_sizes=None,
+                 async_scheduling: bool = DEFAULT_ASYNC_SCHEDULING):
         self.cfg = cfg
         self.hardware = hardware
         self.dtype_bytes = dtype_bytes
-        self._cache: dict[tuple, float] = {}     # step shape -> seconds (workloads repeat shapes)
+        self.step_options = dict(graph_mode=check_graph_mode(graph_mode),
+                                 capture_sizes=check_capture_sizes(capture_sizes),
+                                 async_scheduling=async_scheduling)
+        self._cache: dict[tuple, StepTime] = {}     # step shape -> StepTime (workloads repeat shapes)
+        self.priced: list[StepTime] = []
 
     def step_shape(self, plan, emits_token) -> tuple[tuple[int, int, bool], ...]:
         """(num_new_tokens, num_cached_tokens, emits a token) per request: all the cost model sees."""
@@ -62,15 +86,24 @@ class CostModelExecutor:
 
     def execute(self, plan, emits_token):
         shape = self.step_shape(plan, emits_token)
-        seconds = self._cache.get(shape)
-        if seconds is None:
-            seconds = predict_step(self.cfg, list(shape), self.hardware, self.dtype_bytes).total
-            self._cache[shape] = seconds
+        priced = self._cache.get(shape)
+        if priced is None:
+            priced = predict_step(self.cfg, list(shape), self.hardware, self.dtype_bytes, **self.step_options)
+            self._cache[shape] = priced
+        self.priced.append(priced)
         tokens = {r.request_id: DUMMY_TOKEN for (r, _), e in zip(plan.scheduled, emits_token) if e}
-        return tokens, seconds
+        return tokens, priced.total
 
     def release(self, request) -> None:
         pass
+
+    def annotate(self, trace: list[StepRecord]) -> list[SimStepRecord]:
+        """The trace's records with each step's pricing (the last len(trace) steps priced)."""
+        priced = self.priced[len(self.priced) - len(trace):] if trace else []
+        base = [f.name for f in fields(StepRecord)]
+        return [SimStepRecord(**{name: getattr(r, name) for name in base}, kind=p.kind, graph=p.graph,
+                              rows=p.rows, device_s=p.device_s, host_s=p.host_s, reason=p.reason)
+                for r, p in zip(trace, priced)]
 
 
 def default_sim_num_blocks(cfg: ModelConfig, hardware: Hardware, sched: SchedulerConfig,
@@ -138,7 +171,9 @@ class SimResult:
 def simulate(workload: Workload, sched: SchedulerConfig | None = None, model="llama-3-8b",
              hardware="A100-80GB", dtype_bytes: int | None = None, block_size: int = 16,
              num_blocks: int | None = None, ttft_slo_s: float | None = None,
-             tpot_slo_s: float | None = None, enable_prefix_caching: bool = False) -> SimResult:
+             tpot_slo_s: float | None = None, enable_prefix_caching: bool = False, *,
+             graph_mode: str = DEFAULT_GRAPH_MODE, capture_sizes=None,
+             async_scheduling: bool = DEFAULT_ASYNC_SCHEDULING) -> SimResult:
     """Serve `workload` with the engine's scheduler; step times from the cost model.
 
     model: a preset name or ModelConfig. hardware: a profile name
@@ -148,7 +183,11 @@ def simulate(workload: Workload, sched: SchedulerConfig | None = None, model="ll
     calibrated CPU). num_blocks=None: the KV blocks the GPU's memory
     holds next to the weights (default_sim_num_blocks). enable_prefix_caching:
     as LLMEngine's; the requests then carry the workload's token ids, since
-    a cache hit is decided by the tokens.
+    a cache hit is decided by the tokens. graph_mode ("full_and_piecewise",
+    vLLM V1's default; "piecewise"; "none"), capture_sizes (None: vLLM's
+    default sizes) and async_scheduling (vLLM's default since v0.14: on):
+    how each step runs on a GPU (cost_model.predict_step); the trace's
+    records (SimStepRecord) say how each step was priced and why.
     """
     if not isinstance(workload, Workload):
         raise ValueError(f"workload={workload!r}: give a minillm.workloads.Workload "
@@ -163,11 +202,13 @@ def simulate(workload: Workload, sched: SchedulerConfig | None = None, model="ll
     if num_blocks is None:
         num_blocks = default_sim_num_blocks(cfg, hw, sched, block_size, dtype_bytes)
     num_blocks = check_int("num_blocks", num_blocks, 1, hint="None for what the GPU holds")
+    executor = CostModelExecutor(cfg, hw, dtype_bytes, graph_mode=graph_mode, capture_sizes=capture_sizes,
+                                 async_scheduling=async_scheduling)
     core = EngineCore(sched, make_block_manager(num_blocks, block_size, enable_prefix_caching),
-                      CostModelExecutor(cfg, hw, dtype_bytes), VirtualClock(),
+                      executor, VirtualClock(),
                       eos_token_ids=(), max_model_len=cfg.max_position)
     if enable_prefix_caching:
         core.vocab_size = cfg.vocab_size       # token ids, so that equal prefixes hash alike
     outputs = core.run_workload(workload)
-    return SimResult(outputs=outputs, trace=core.trace, model=cfg, hardware=hw, sched=sched,
+    return SimResult(outputs=outputs, trace=executor.annotate(core.trace), model=cfg, hardware=hw, sched=sched,
                      workload=workload, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s)
