@@ -402,7 +402,8 @@ del scrambled
 #   that match `transformers` token for token.
 #
 # **Exercises:** `exercises/02_the_model.ipynb`: write RMSNorm, the GQA head expansion,
-# the SwiGLU MLP and RoPE, each checked against the engine's layer.
+# the SwiGLU MLP and RoPE, each checked against the engine's layer; then move cached keys
+# to new positions, and predict a model's parameter count before the engine counts it.
 #
 # **Next:** a decode step needs the keys and values of every earlier token; chapter 3
 # keeps them in a paged KV cache instead of recomputing them.
