@@ -227,16 +227,45 @@ assert gpu_prefill_s > 5 * gpu_decode_s
 # what that alone takes. Chapter 5 checks such numbers against the FLOPs and bytes.)
 
 # %%
+from minillm.sim.accounting import step_cost
 from minillm.sim.hardware import get_hardware
 
 a100 = get_hardware("A100-80GB")
-weights_gb = llama3.num_parameters() * 2 / 1e9
-kv_gb = 8 * 2048 * llama3.kv_bytes_per_token(2) / 1e9
+decode_step = step_cost(llama3, [(1, 2048)] * 8)              # 8 streams, 2048 cached tokens each, bf16
+weights_gb, kv_gb = decode_step.bytes_weights / 1e9, decode_step.bytes_kv_read / 1e9
+# The input embedding is a table, not a matmul: a step gathers one row per token (kilobytes),
+# so its 1.05 GB are not read. Counting every parameter would say 16.1 GB.
+embedding_gb = llama3.vocab_size * llama3.hidden_size * 2 / 1e9
 floor_s = (weights_gb + kv_gb) * 1e9 / a100.mem_bandwidth_bytes_s
-print(f"a decode step reads {weights_gb:.1f} GB of weights and {kv_gb:.1f} GB of cached K and V: "
+print(f"a decode step reads {weights_gb:.1f} GB of weights (every parameter but the "
+      f"{embedding_gb:.2f} GB embedding table) and {kv_gb:.1f} GB of cached K and V: "
       f"at least {floor_s * 1e3:.1f} ms at the A100's {a100.mem_bandwidth_bytes_s / 1e9:.0f} GB/s "
       f"(the weights alone: {weights_gb * 1e9 / a100.mem_bandwidth_bytes_s * 1e3:.1f} ms)")
+assert abs(weights_gb + embedding_gb - llama3.num_parameters() * 2 / 1e9) < 0.01   # all but the table
 assert weights_gb * 1e9 / a100.mem_bandwidth_bytes_s > 5e-3 and gpu_decode_s > floor_s
+
+# %% [markdown]
+# While the streams wait, is the GPU idle? One of the source articles says so: the long
+# prefill leaves "the GPU idling". The arithmetic says the opposite. Compare the time
+# the 2048-token prefill needs for its FLOPs at the A100's peak with the time it needs
+# to move its bytes:
+
+# %%
+prefill_step = step_cost(llama3, [(2048, 0)])
+compute_s = prefill_step.flops / a100.peak_flops_s
+memory_s = prefill_step.bytes_total / a100.mem_bandwidth_bytes_s
+print(f"2048-token prefill: {prefill_step.flops / 1e12:.1f} TFLOP -> {compute_s * 1e3:.0f} ms at "
+      f"{a100.peak_flops_s / 1e12:.0f} TFLOP/s; {prefill_step.bytes_total / 1e9:.1f} GB -> "
+      f"{memory_s * 1e3:.1f} ms at {a100.mem_bandwidth_bytes_s / 1e9:.0f} GB/s")
+assert compute_s > 5 * memory_s
+
+# %% [markdown]
+# The prefill needs several times longer for its arithmetic than for its memory traffic:
+# it is compute-bound, the chip's arithmetic units are as busy as they get. The stall is
+# not idleness; it is the decodes' turn being taken by someone else's work. Had the eight
+# streams' tokens been in that step, they would have added 8 rows to its 2048-row
+# matrix products (and read their cached K and V): a small extra cost in place of a
+# whole step's wait. Putting them there, chunk by chunk, is what chunked prefill does.
 
 # %% [markdown]
 # The fix this book builds is **chunked prefill**: split the long prompt into chunks of,

@@ -133,8 +133,16 @@ print("is_causal=True on a chunk: max error", (wrong - truth).abs().max().item()
 assert not torch.allclose(wrong, truth, atol=1e-3)       # the trap is real
 
 # %% [markdown]
-# Badly wrong, and silently so: no error, the shapes are right. The fix is to pass a
-# bottom-right mask, either explicitly or with PyTorch's
+# Badly wrong, and silently so: no error, the shapes are right. One of the source
+# articles sums chunked prefill up as "the attention kernel need not be rewritten"; this
+# cell is why that is only half true. The math does not change, but the attention call
+# must be told where a chunk sits: a kernel or a call that assumes a square causal mask
+# (top-left, or no cached prefix at all) computes the wrong rows as soon as queries and
+# keys differ in number. Engines handle it in the kernel's interface: FlashAttention's
+# varlen kernels take each request's query and key lengths (`cu_seqlens_q`,
+# `cu_seqlens_k`, chapter 6) and align the mask bottom-right; this book's backends split
+# the chunk's keys (section 5) or pass a bottom-right mask. The fix with PyTorch's fused
+# kernel is to pass a bottom-right mask, either explicitly or with
 # `torch.nn.attention.bias.causal_lower_right`:
 
 # %% slideshow={"slide_type": "fragment"}
