@@ -130,3 +130,33 @@ def test_the_command_line_usage_lists_every_bench():
 
     listed = USAGE.split("bench [", 1)[1].split("]", 1)[0].split("|")
     assert listed == list(bench.BENCH_COMMANDS)
+
+
+def test_compile_probe_counts_every_weight_but_the_embedding_table():
+    from minillm.book import bench_compile
+
+    model = bench.bench_model("gqa2")
+    cfg = model.cfg
+    embedding_bytes = cfg.vocab_size * cfg.hidden_size * 4                    # float32
+    assert bench_compile.weight_read_bytes(model) == cfg.num_parameters() * 4 - embedding_bytes
+
+
+def test_compile_probe_splits_each_layer_around_eager_attention_without_changing_the_logits():
+    from minillm.book import bench_compile
+    from minillm.prefill import prepare_step
+
+    model = bench.bench_model("gqa2")
+    traced = bench_compile.piecewise_compiled(model, backend="eager")     # traced, no code generated
+    assert all(isinstance(layer, bench_compile._PiecewiseLayer) for layer in traced.model.layers)
+    with torch.no_grad():
+        for shape in ([(5, 0)], [(3, 16), (1, 9)]):                        # a prefill; a chunk and a decode
+            torch.testing.assert_close(prepare_step(traced, shape)(), prepare_step(model, shape)())
+
+
+def test_compile_probe_refuses_bad_rows_and_repeats_naming_them():
+    from minillm.book import bench_compile
+
+    with pytest.raises(ValueError, match="rows="):
+        bench_compile.bench_compile_probe("gqa2", rows=(0,))
+    with pytest.raises(ValueError, match="repeats="):
+        bench_compile.bench_compile_probe("gqa2", repeats=0)

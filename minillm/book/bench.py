@@ -19,6 +19,9 @@ asserts in tests (shared machines are noisy).
   capacity      Sarathi-Serve's capacity headline reproduced on the simulator
   steps         single steps (decode, prefill, mixed) with glibc's defaults and
                 with freed host memory kept (bench_steps.py, host_memory.py)
+  compile-probe eager steps against a piecewise torch.compile of the layers
+                (attention eager), and the one-token step against the weight
+                read (bench_compile.py)
 """
 from __future__ import annotations
 
@@ -44,7 +47,7 @@ from ..scheduler import SchedulerConfig
 
 # What `python -m minillm bench WHICH` runs (the usage line of __main__.py lists them too).
 BENCH_COMMANDS = ("chunk-cost", "interference", "hf", "hf-real", "simulator", "memory", "lab", "capacity",
-                  "prefix-cache", "partial-prefills", "steps", "all")
+                  "prefix-cache", "partial-prefills", "steps", "compile-probe", "all")
 
 
 def bench_chunk_cost(shape: str = "tiny", prompt_len: int = 2048, chunk_sizes=(256, 64),
@@ -566,10 +569,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("which", choices=BENCH_COMMANDS, nargs="?", default="all")
     parser.add_argument("--out", default="bench-results", help="folder for the JSON results and figures")
     parser.add_argument("--shape", choices=sorted(BENCH_SHAPES) + [REAL_MODEL, "all"], default="tiny",
-                        help="model shape for chunk-cost, interference, hf and steps ('all': each in turn)")
+                        help="model shape for chunk-cost, interference, hf, steps and compile-probe ('all': each in turn)")
     parser.add_argument("--prompt-len", type=int, default=2048)
     parser.add_argument("--num-decoders", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=5, help="chunk-cost: runs per ratio (median)")
+    parser.add_argument("--repeats", type=int, default=5, help="chunk-cost and compile-probe: runs per ratio (median)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="interference and hf: rounds of the whole race (medians and ranges reported)")
     parser.add_argument("--processes", type=int, default=3, help="steps: processes per side")
@@ -709,6 +712,11 @@ def _run_shape(args, shape: str, out: Path) -> dict:
         print(f"\nSingle steps, {described}: glibc's defaults against freed host memory kept "
               f"(host_memory.py), {r['processes']} processes a side, alternating, the fastest of each")
         print(report(r))
+    if args.which in ("compile-probe", "all"):
+        from .bench_compile import bench_compile_probe, report
+        r = bench_compile_probe(shape, repeats=args.repeats)
+        results["compile_probe"] = r
+        print("\nIs the fixed price eager PyTorch's or the weight read? " + report(r))
     if args.which in ("hf", "all"):
         r = bench_hf(shape=shape, rounds=args.rounds)
         results["hf"] = r
