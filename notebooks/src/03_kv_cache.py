@@ -265,9 +265,11 @@ assert all(b - a > 1 for a, b in zip(demo.block_tables["A"], demo.block_tables["
 #
 # ## 4. The engine's block manager
 #
-# `BlockManager` is plain Python: a free list, a reference count per block (so that
-# requests with a common prefix could share blocks, as vLLM's prefix caching does; this
-# book does not use it) and a table per request. Allocation
+# `BlockManager` is plain Python: a free list, a reference count per block and a table
+# per request. Here every block has one owner, so every count is 1; the counts exist so
+# that requests with a common prefix can share blocks (a shared block goes back to the
+# free list only when its last user frees it), which is how chapter 8 builds prefix
+# caching, as vLLM's prefix caching does. Allocation
 # grows a table to hold a given number of tokens, or raises `OutOfBlocksError` without
 # changing anything, so that the scheduler can preempt a request and try again:
 
@@ -334,6 +336,31 @@ for rid, p in prompts.items():
 # %% [markdown]
 # The same K and V, up to float32 rounding (chapter 4 explains why chunking moves only the
 # last bits).
+#
+# The loop above also shows when a paged engine takes blocks: as the tokens that fill
+# them are computed, chunk by chunk. One source article lists among the ills of an
+# unchunked prefill a memory peak that "explodes" because "all KV cache space is allocated
+# at once". Count the blocks a 1024-token prompt holds, computed whole or in 256-token
+# chunks:
+
+# %% slideshow={"slide_type": "fragment"}
+whole_pool, chunked_pool = BlockManager(num_blocks=64, block_size=16), BlockManager(num_blocks=64, block_size=16)
+whole_pool.allocate("p", 1024)                                   # one step computes all 1024 tokens
+held = []
+for end in range(256, 1025, 256):                                # four steps of 256
+    chunked_pool.allocate("p", end)
+    held.append(len(chunked_pool.block_tables["p"]))
+print(f"whole: {len(whole_pool.block_tables['p'])} blocks after its one step; "
+      f"chunked: {held} blocks after each chunk")
+assert held[-1] == len(whole_pool.block_tables["p"]) == 1024 // 16
+
+# %% [markdown]
+# The prompt ends with the same 64 blocks either way, and all of them are resident
+# before its first token can be sampled: chunking does not change a prompt's KV
+# footprint, it only spreads the allocation over the steps that compute the tokens,
+# which a paged engine does whatever the chunk size. What a chunk does cap is the
+# *activation* peak of a step (the scores, the MLP's intermediate values), which grows
+# with the tokens in the step; chapter 5 measures it.
 #
 # ## 5. Fragmentation on a mixed workload
 #
