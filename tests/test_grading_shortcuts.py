@@ -792,7 +792,7 @@ def test_a_passing_check_returns_none_so_a_cell_echoes_nothing(capsys):
 def test_grade_prediction_states_both_numbers_and_the_tolerance():
     from minillm.grading._common import grade_prediction
     assert grade_prediction("x", 101, 100, 0.02) == pytest.approx(0.01)
-    with pytest.raises(AssertionError, match=r"you predicted 110, the engine measures 100, 10% off \(allowed 2%\)"):
+    with pytest.raises(AssertionError, match=r"you predicted 110, the engine measures 100, 10% off \(allowed: 2%\)"):
         grade_prediction("x", 110, 100, 0.02)
     with pytest.raises(AssertionError, match="expected a number"):
         grade_prediction("x", "110", 100, 0.02)

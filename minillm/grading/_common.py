@@ -331,6 +331,7 @@ def grade_prediction(name: str, predicted, measured: float, rel_tol: float, why:
         fail(f"{name}: your prediction is NaN")
     error = abs(predicted - measured) / max(abs(measured), 1e-300)
     if error > rel_tol:
+        allowed = "an exact count" if rel_tol == 0 else f"{rel_tol * 100:g}%"
         fail(f"{name}: you predicted {predicted:,.6g}{unit}, the engine measures {measured:,.6g}{unit}, "
-             f"{error:.0%} off (allowed {rel_tol:.0%}){': ' + why if why else ''}")
+             f"{error * 100:.3g}% off (allowed: {allowed}){': ' + why if why else ''}")
     return error
