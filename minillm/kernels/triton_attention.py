@@ -151,7 +151,7 @@ def _attention_tile_program(
         if DOT_IN_FLOAT32:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale          # [BLOCK_M, KEY_TILE]
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale          # [BLOCK_M, KEY_TILE], float32
         if j >= num_unmasked:
             # The diagonal: this tile holds keys after some of the tile's queries.
             visible = (key_pos[None, :] <= query_pos[:, None]) & key_valid[None, :]
@@ -256,7 +256,7 @@ def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         return out
     tables, requests, first_rows, row_starts, query_lens, cached_lens = _step_tensors(
         batch, group, block_m, q.device)
-    dot_in_float32 = interpret or q.dtype == torch.float32
+    dot_in_float32 = interpret and q.dtype != torch.float32
     grid = (requests.numel(), num_kv_heads)                 # one program per (query tile, KV head)
     attention_tile_kernel[grid](
         q, out, k_cache, v_cache, tables, requests, first_rows, row_starts, query_lens, cached_lens,
@@ -271,5 +271,5 @@ def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         # The interpreter's tl.dot is wrong on bfloat16 (triton #11584): float32 operands there.
         DOT_IN_FLOAT32=dot_in_float32,
         # input_precision matters for float32 operands only; 16-bit ones keep triton's default.
-        PRECISION=precision if dot_in_float32 else "tf32")
+        PRECISION=precision if q.dtype == torch.float32 else "tf32")
     return out
