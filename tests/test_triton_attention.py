@@ -241,3 +241,15 @@ def test_engine_greedy_tokens_equal_the_reference_backends_on_smollm2():
     got, engine = _greedy(model, prompts, "triton", 2, chunk_size=3)
     assert got == expected
     assert [step.scheduled[0][1] for step in engine.trace] == [3, 2, 1]
+
+
+def test_without_triton_or_with_the_wrong_mode_the_backend_refuses_and_says_why(monkeypatch):
+    q, k_cache, v_cache, batch = _packed_step([2], [3])
+    monkeypatch.setattr(ta, "INTERPRETED", DEVICE == "cuda")     # the other mode than this process's
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        ta.triton_paged_attention(q, k_cache, v_cache, batch)
+    monkeypatch.setattr(ta, "triton", None)
+    monkeypatch.setattr(ta, "TRITON_IMPORT_ERROR", "triton is not importable here (no wheel)")
+    assert not ta.triton_available()
+    with pytest.raises(ValueError, match="backend='triton': triton is not importable here"):
+        paged_attention(q, q[:, :2], q[:, :2], k_cache, v_cache, batch, backend="triton")
