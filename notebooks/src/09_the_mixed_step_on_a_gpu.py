@@ -382,12 +382,20 @@ assert decode_intensity < 10 < ridge < intensity["chunk of 512 over 4096"]
 #   decode (and there are few), it switches to a "3D" grid that also splits each sequence's
 #   keys into segments, merged by a second kernel (`reduce_segments`): more programs for a
 #   batch too small to fill the GPU.
+# * **vLLM with flash-attn** (`vllm/v1/attention/backends/flash_attn.py`, commit 0084b78):
+#   its default CUDA backend also makes one call per layer for the whole mixed batch, a
+#   `flash_attn_varlen_func` with the cumulative query lengths (`cu_seqlens_q`), each
+#   sequence's length (`seqused_k`), the block table and `causal=True`, writing into the
+#   layer's output in place (`out=`); `num_splits` lets flash-attn split long keys across
+#   programs, as the unified kernel's 3D grid does. `make gpu-check` times the engine's
+#   `flash` backend, the same varlen call, against this chapter's kernel.
 # * **vLLM's older `prefix_prefill.py`** (`vllm/v1/attention/ops/prefix_prefill.py`, commit
 #   0420dfc, adapted from LightLLM): two loops per program, the cached context through the
 #   block table with no causal mask, then the new tokens against themselves with it;
 #   decodes are skipped (`SKIP_DECODE`) and left to a separate decode kernel.
 # * **FlashInfer** keeps decode and prefill apart: `BatchDecodeWithPagedKVCacheWrapper`
-#   and `BatchPrefillWithPagedKVCacheWrapper` (docs.flashinfer.ai, `flashinfer.decode`).
+#   and `BatchPrefillWithPagedKVCacheWrapper` (its API reference, docs.flashinfer.ai,
+#   `flashinfer.decode` and `flashinfer.prefill`, read in 2026).
 #   vLLM's FlashInfer backend (`vllm/v1/attention/backends/flashinfer.py`, commit 00a817a)
 #   puts decodes at the front of the batch and prefills at the back and runs the prefill
 #   wrapper on one part and the decode wrapper on the other: two launches per layer for a
@@ -399,9 +407,10 @@ assert decode_intensity < 10 < ridge < intensity["chunk of 512 over 4096"]
 #   independently optimized prefill and decode kernels (the ASPLOS abstract; the first
 #   arXiv version, 2410.18038v1, said up to 75%).
 #
-# The engine's kernel is the unified design, made readable: it measures nothing of the
-# GPU here. `make gpu-check` times it against flash-attn's varlen kernel and the split
-# path on a CUDA machine.
+# The engine's kernel is the unified design, made readable; nothing in this chapter
+# measures a GPU. `make gpu-check` times it on a CUDA machine against flash-attn's varlen
+# kernel and the sdpa split path, per layer of Llama-3-8B, and writes the numbers to
+# `gpu-results/triton-bench.txt`.
 #
 # ## Takeaways
 #
