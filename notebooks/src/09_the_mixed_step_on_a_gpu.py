@@ -205,8 +205,8 @@ if RUN_KERNEL:
 # 1. **`TRITON_INTERPRET=1` must be set before triton is imported.** Triton's own helpers
 #    (`tl.zeros`, `tl.max`, `tl.sum`) are `@triton.jit` functions, decorated once when
 #    `triton.language` is imported, for the interpreter or for the compiler. Set the
-#    variable later and the kernel dies inside `tl.max` with "Cannot call @triton.jit'd
-#    outside of the scope of a kernel". So the engine's module sets it itself, before its
+#    variable later and the interpreted kernel dies at its first call of one of them with
+#    "Cannot call @triton.jit'd outside of the scope of a kernel". So the engine's module sets it itself, before its
 #    `import triton`, on a machine without a CUDA device; the chapter's first cell imports
 #    that module first. One process runs the kernel either interpreted or compiled.
 
@@ -391,8 +391,9 @@ assert decode_intensity < 10 < ridge < intensity["chunk of 512 over 4096"]
 #   `flash` backend, the same varlen call, against this chapter's kernel.
 # * **vLLM's older `prefix_prefill.py`** (`vllm/v1/attention/ops/prefix_prefill.py`, commit
 #   0420dfc, adapted from LightLLM): two loops per program, the cached context through the
-#   block table with no causal mask, then the new tokens against themselves with it;
-#   decodes are skipped (`SKIP_DECODE`) and left to a separate decode kernel.
+#   block table with no causal mask, then the new tokens against themselves with it; with
+#   `SKIP_DECODE` a program whose request brings a single token returns at once, leaving
+#   decodes to another kernel.
 # * **FlashInfer** keeps decode and prefill apart: `BatchDecodeWithPagedKVCacheWrapper`
 #   and `BatchPrefillWithPagedKVCacheWrapper` (its API reference, docs.flashinfer.ai,
 #   `flashinfer.decode` and `flashinfer.prefill`, read in 2026).
