@@ -391,7 +391,14 @@ assert thr["disaggregated"] <= thr["aggregated"]
 # %% [markdown]
 # Confirmed here (the assert above). With one GPU per phase, one of them waits whenever
 # the mix of work does not match the 1:1 split, while aggregated replicas keep both kinds
-# of work on every GPU. Disaggregation buys latency control, not tokens per second.
+# of work on every GPU. In this setting (equal parallelism on both sides, a 1:1 split we
+# did not tune, a dense 8B model on two GPUs) disaggregation buys latency control, not
+# tokens per second. That is not a law: DistServe's gains come from giving each phase
+# its own parallelism (tensor and pipeline degrees chosen per phase) and placement, and
+# from the prefill-to-decode ratio being tuned to the workload; with those knobs a
+# disaggregated layout can serve more requests per GPU within the SLOs (its goodput).
+# What raw tokens per second it reaches then depends on those choices, which this
+# simulation does not make.
 #
 # ## Takeaways
 #
@@ -405,8 +412,9 @@ assert thr["disaggregated"] <= thr["aggregated"]
 #   `long_prefill_token_threshold` (and V0's partial prefills, not in V1) let them through
 #   in a few steps, and the long prompt pays with a longer TTFT.
 # * At equal GPU count, aggregation (chunked prefill) wins tight-TTFT goodput and
-#   disaggregation tight-TPOT goodput; disaggregation does not raise throughput (here it
-#   gave less).
+#   disaggregation tight-TPOT goodput; with equal parallelism and an untuned 1:1 split
+#   disaggregation does not raise throughput (here it gave less); DistServe's gains come
+#   from per-phase parallelism and placement.
 #
 # **Exercises:** `exercises/08_chunked_prefill_in_a_server.ipynb`: chain block hashes, count
 # the tokens a cached prompt still computes, plan a step under the long-prefill cap, and
