@@ -1,4 +1,6 @@
 """The lab under load: its state (book/lab.py), its views and the widget that runs it."""
+import statistics
+
 import matplotlib.pyplot as plt
 import pytest
 
@@ -177,17 +179,28 @@ def test_chunk_sweep_reports_each_simulation_it_has_to_run():
     assert calls == []                                        # cached: nothing to report
 
 
+@pytest.mark.timing
 def test_simulating_this_machine_agrees_with_measuring_it():
     # The lab's "this machine (calibrated)" hardware with the tiny model is the simulated
-    # twin of measure mode: the stall scenario's long-prompt TTFT, the streams' worst gap
-    # and their mean TPOT agree (on a quiet machine, with this setting and with a
-    # 2048-token prompt, 4 streams, chunks of 256 and 1024: 0-26% apart, run to run).
-    # 50% here, since CI machines are shared.
+    # twin of measure mode. What no load can change: both take the same steps, each with
+    # the same tokens of the same requests, in the same order.
     setting = dict(model="tiny", chunk_size=256, num_decoders=2, prompt_len=1024)
-    simulated = lab.lab_run(lab.LabSettings(hardware="cpu", **setting)).summary
-    measured = lab.lab_run(lab.LabSettings(mode="measure", **setting)).summary
-    for key in ("long_ttft_s", "decoder_itl_max_s", "decoder_tpot_mean_s"):
-        assert abs(simulated[key] - measured[key]) < 0.5 * measured[key], (key, simulated[key], measured[key])
+    simulated = lab.lab_run(lab.LabSettings(hardware="cpu", **setting))
+    measured = lab.lab_run(lab.LabSettings(mode="measure", **setting))
+    assert [r.scheduled for r in simulated.trace] == [r.scheduled for r in measured.trace]
+    # Times: the calibration may have been made on a quieter (or busier) minute than
+    # this run, so absolute seconds are compared in the benchmarks (on a quiet machine,
+    # this setting and a 2048-token prompt with 4 streams, chunks of 256 and 1024: 0-26%
+    # apart, run to run). Within one run load hits every step alike, so what a run says
+    # in its own units holds here: a prompt chunk's step costs several decode steps, as
+    # the twin predicts, within a factor of 2.
+    def chunk_over_decode(run):
+        chunk = [r.duration for r in run.trace if r.num_prefill_tokens >= 128]
+        decode = [r.duration for r in run.trace if r.num_prefill_tokens == 0]
+        return statistics.median(chunk) / statistics.median(decode)
+
+    ratios = chunk_over_decode(simulated), chunk_over_decode(measured)
+    assert ratios[0] > 2 and 0.5 < ratios[1] / ratios[0] < 2, ratios
 
 
 def test_the_lab_sizes_chunks_by_work_when_asked():
@@ -200,3 +213,35 @@ def test_the_lab_sizes_chunks_by_work_when_asked():
     assert lab.lab_run(equal).summary["decoder_itl_max_s"] < 0.8 * fixed["decoder_itl_max_s"]
     with pytest.raises(ValueError, match="chunk_sizing='even'"):
         lab.LabSettings(chunk_sizing="even").check()
+
+
+def test_step_readout_counts_tiles_and_waves_and_names_the_graph():
+    """Issue 28: the step's M (budget + decodes) against the tile and the waves."""
+    from minillm.sim.cost_model import gemm_tiling
+    text = lab.step_readout(chunk_size=2048, num_decoders=64, hardware="H100-SXM")
+    t = gemm_tiling(2112, 4096, 2 * 14336, "H100-SXM")
+    assert text.startswith("budget 2048 + 64 decodes = 2112 rows")
+    assert f"{t.row_tiles} row tiles of {t.tile_m}" in text and f"{t.waves:.1f} waves on 132 SMs" in text
+    assert "eager" in text and "> largest capture size 512" in text
+    small = lab.step_readout(chunk_size=256, num_decoders=4)
+    assert "piecewise graph" in small and "(computed as 272)" in small
+
+
+def test_graph_mode_and_async_scheduling_are_lab_settings():
+    base = lab.lab_run(chunk_size=512, num_decoders=4)
+    eager = lab.lab_run(chunk_size=512, num_decoders=4, graph_mode="none", async_scheduling=False)
+    assert {r.graph for r in eager.trace} == {"none"}
+    assert eager.summary["long_ttft_s"] > base.summary["long_ttft_s"]
+    with pytest.raises(ValueError, match="graph_mode='full'"):
+        lab.lab_run(graph_mode="full")
+    with pytest.raises(ValueError, match="async_scheduling"):
+        lab.lab_run(async_scheduling="on")
+
+
+def test_a_non_default_step_option_gets_its_own_load_point_key():
+    from minillm.scheduler import SchedulerConfig
+    from minillm.sim.capacity import point_key
+    sched = SchedulerConfig(chunk_size=512)
+    default = point_key(sched, "chat", "llama-3-8b", "A100-80GB", 128, 0, 4.0)
+    assert len(default) == 7
+    assert point_key(sched, "chat", "llama-3-8b", "A100-80GB", 128, 0, 4.0, "none", False) == default + ("none", False)

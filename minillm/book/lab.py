@@ -52,8 +52,8 @@ POLICY_LABELS = {"chunked": "vLLM V1 (chunked, decodes first)",
 # Under load every probe serves LOAD_REQUESTS Poisson arrivals on a coarser rate
 # grid than the capacity module's. 128 is the fewest that keep a probe steady traffic
 # near the chat mix's capacity (24, as the lab once used, makes every probe a burst
-# whose capacities rank the policies wrongly: SGLang's default at 16 req/s above vLLM
-# V1's 8, where 128 gives 1.0 against 4.0); a new setting then costs about a minute of
+# whose capacities rank the policies wrongly: chapter 7, section 3.2 prints both
+# rankings); a new setting then costs about a minute of
 # simulation with a progress line. The settings chapter 7 opens with ship in
 # data/simulated/ (LAB_POINTS_PATH), so the chapter reads them instead.
 LOAD_REQUESTS = 128

@@ -154,9 +154,16 @@ def gemm_time_s(m: int, k: int, n: int, hw: Hardware, dtype_bytes: int = 2) -> f
 
 
 def elementwise_time_s(bytes_moved: int, hw: Hardware) -> float:
-    """A memory-bound kernel (activation, norm, residual add): bytes over bandwidth."""
+    """A memory-bound kernel (activation, norm, residual add): bytes over bandwidth.
+
+    With hw.elementwise_efficiency set (the GPUs, fitted to their measured norms,
+    RoPE, residual adds and activation): bytes over that fraction of bandwidth,
+    never under elementwise_floor_s. Else the weight-streaming efficiency plus a
+    launch cost (a calibrated CPU)."""
     if bytes_moved == 0:
         return 0.0
+    if hw.elementwise_efficiency is not None:
+        return max(bytes_moved / (hw.mem_bandwidth_bytes_s * hw.elementwise_efficiency), hw.elementwise_floor_s)
     t = bytes_moved / (hw.mem_bandwidth_bytes_s * hw.bandwidth_efficiency) + hw.kernel_launch_s
     return max(t, hw.kernel_floor_s)
 
