@@ -93,17 +93,17 @@ def arrival_gaps_s(rng: random.Random, num: int, rate: float, burstiness: float)
     return [rng.gammavariate(burstiness, theta) for _ in range(num)]
 
 
-def plan_workload(args, words_per_token: float, rng: random.Random) -> list[PlannedRequest]:
-    def words(tokens: int) -> int:
-        return max(1, round(tokens * words_per_token))
-
+def plan_workload(args, rng: random.Random) -> tuple[list[PlannedRequest], list[int]]:
+    """The requests and their prompt lengths in tokens (a word per token at first;
+    run_async fits the words to the server's tokenizer)."""
     if args.workload == "interference":
-        plan = [PlannedRequest(f"stream-{i}", make_prompt(rng, words(args.input_len)), args.output_len)
+        lengths = [args.input_len] * args.num_streams + [args.long_prompt_len]
+        plan = [PlannedRequest(f"stream-{i}", make_prompt(rng, args.input_len), args.output_len)
                 for i in range(args.num_streams)]
-        plan.append(PlannedRequest("long", make_prompt(rng, words(args.long_prompt_len)), args.long_output_len,
+        plan.append(PlannedRequest("long", make_prompt(rng, args.long_prompt_len), args.long_output_len,
                                    after_tokens=args.long_after_tokens))
-        return plan
-    plan, t = [], 0.0
+        return plan, lengths
+    plan, lengths, t = [], [], 0.0
     gaps = arrival_gaps_s(rng, args.num_prompts, args.request_rate, args.burstiness)
     for i in range(args.num_prompts):
         if args.workload == "chat":
@@ -112,9 +112,10 @@ def plan_workload(args, words_per_token: float, rng: random.Random) -> list[Plan
             low = 1 - args.range_ratio
             n_in = rng.randint(max(1, int(args.input_len * low)), args.input_len)
             n_out = rng.randint(max(1, int(args.output_len * low)), args.output_len)
-        plan.append(PlannedRequest(f"req-{i}", make_prompt(rng, words(n_in)), n_out, delay_s=t))
+        plan.append(PlannedRequest(f"req-{i}", make_prompt(rng, n_in), n_out, delay_s=t))
+        lengths.append(n_in)
         t += gaps[i]
-    return plan
+    return plan, lengths
 
 
 # ---------------------------------------------------------------------------
@@ -177,16 +178,31 @@ async def stream_one(client, url: str, body: dict, record: RequestRecord, on_chu
     return record
 
 
-async def _tokens_per_word(client, base_url: str, model: str) -> float:
-    """Calibrate prompt lengths with the server's /tokenize (vLLM's shape), if it has one."""
-    sample = " ".join(WORDS[:200])
+async def _count_tokens(client, base_url: str, model: str, text: str) -> int | None:
+    """Tokens in text by the server's /tokenize (vLLM's shape), None if it has none."""
     try:
-        r = await client.post(base_url + "/tokenize", json={"model": model, "prompt": sample}, timeout=10)
+        r = await client.post(base_url + "/tokenize", json={"model": model, "prompt": text}, timeout=30)
         if r.status_code == 200 and r.json().get("count"):
-            return r.json()["count"] / 200
+            return int(r.json()["count"])
     except Exception:                                 # noqa: BLE001 -- not every server has /tokenize
         pass
-    return 1.0
+    return None
+
+
+async def _fit_prompt(client, base_url: str, model: str, planned: "PlannedRequest", target: int) -> None:
+    """Trim or pad a planned prompt's words until the server counts about `target` tokens
+    (within 1%, or a few tokens): a few /tokenize calls before the timed run."""
+    words = planned.prompt.split(" ")
+    rng = random.Random(len(words))
+    for _ in range(6):
+        count = await _count_tokens(client, base_url, model, " ".join(words))
+        if count is None or abs(count - target) <= max(2, target // 100):
+            break
+        new_len = max(1, round(len(words) * target / count))
+        if new_len == len(words):
+            new_len += 1 if count < target else -1
+        words = words[:new_len] + [rng.choice(WORDS) for _ in range(new_len - len(words))]
+    planned.prompt = " ".join(words)
 
 
 async def run_async(args) -> dict:
@@ -198,8 +214,9 @@ async def run_async(args) -> dict:
         if not args.model:
             r = await client.get(base + "/v1/models", timeout=10)
             args.model = r.json()["data"][0]["id"]
-        tokens_per_word = await _tokens_per_word(client, base, args.model)
-        plan = plan_workload(args, 1.0 / tokens_per_word, rng)
+        plan, targets = plan_workload(args, rng)
+        # fresh words, then fitted to the lengths asked for (by the server's own tokenizer when it says)
+        await asyncio.gather(*(_fit_prompt(client, base, args.model, p, n) for p, n in zip(plan, targets)))
         url = base + args.endpoint
         limit = asyncio.Semaphore(args.max_concurrency or len(plan) or 1)
         records = [RequestRecord(p.tag) for p in plan]

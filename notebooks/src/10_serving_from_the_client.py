@@ -234,7 +234,7 @@ plt.show()
 # shape on a profile fitted to a few steps measured moments before: no HTTP, no event
 # loop, and no idea what else the machine runs. When the machine is busy while it
 # calibrates, `calibrate()` warns (as it may have above) and its milliseconds are off by
-# as much, in either direction. What it does predict is the ratio between settings, next.
+# as much, in either direction. It comes closer on the ratio between settings, next.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
