@@ -18,7 +18,7 @@ Scheduler flags, and what they are in vLLM:
   --max-num-seqs N             same as vLLM: most requests in the running batch.
   --policy P                   no vLLM flag: chunked (vLLM V1's mixed steps, the default),
                                prefill_first (no chunking: a waiting prompt runs whole and
-                               the decodes wait: vLLM V0 without chunked prefill),
+                               the decodes wait),
                                chunked_prefill_first (SGLang's default: chunks, but steps
                                are prefill-only or decode-only), decode_first.
   --chunk-size N               most prefill tokens in one step (SGLang's
