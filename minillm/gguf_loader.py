@@ -177,7 +177,7 @@ def gguf_state_dict(reader, cfg: ModelConfig, path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_gguf(path, dtype=None, device=None, backend: str = "sdpa") -> LlamaModel:
+def load_gguf(path, dtype=None, device=None, backend: str | None = None) -> LlamaModel:
     """A LlamaModel with the weights of a Llama-family GGUF file.
 
     dtype=None: float32 (quantized weights are dequantized; float32 holds

@@ -27,7 +27,7 @@ def _check_dtype(dtype, device: torch.device):
 
 
 def build_model(cfg_or_name, seed: int = 0, dtype=torch.float32, device="cpu",
-                backend: str = "sdpa") -> LlamaModel:
+                backend: str | None = None) -> LlamaModel:
     """A model with seeded random weights (the same seed gives the same model)."""
     if isinstance(cfg_or_name, str):
         cfg = ModelConfig.preset(cfg_or_name)
@@ -176,7 +176,7 @@ def _load_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_hf_model(path, dtype=None, device=None, backend: str = "sdpa") -> LlamaModel:
+def load_hf_model(path, dtype=None, device=None, backend: str | None = None) -> LlamaModel:
     """Load a local Llama / Mistral / Qwen2 / Qwen3 checkpoint directory.
 
     dtype=None keeps the checkpoint's torch_dtype (float32 if unstated);

@@ -148,9 +148,11 @@ class Decoder(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: str = "sdpa"):
+    def __init__(self, cfg: ModelConfig, backend: str | None = None):
         super().__init__()
         self.cfg = cfg
+        # None: attention.default_backend(device) at each step ("triton" on CUDA where
+        # triton is installed, else "sdpa"), so a model moved to a GPU picks the GPU kernel.
         self.backend = backend
         self.model = Decoder(cfg)
         if not cfg.tie_word_embeddings:

@@ -93,7 +93,7 @@ def remove_older_caches(folder: Path) -> list[Path]:
 
 
 def pretrained(name: str = "smollm2-135m-instruct", dtype=torch.float32, device=None,
-               backend: str = "sdpa") -> tuple[LlamaModel, Tokenizer]:
+               backend: str | None = None) -> tuple[LlamaModel, Tokenizer]:
     """(model, tokenizer) of a packaged pretrained model, e.g.
     `model, tok = minillm.pretrained("smollm2-135m-instruct")`."""
     path = gguf_path(name)
