@@ -32,9 +32,10 @@ def test_linear_ops_match_the_measured_gpu_profile_in_sample(path):
 
 # Held out by model (fit on the GPU's other files, predict this one), rows 1-4096, as
 # measured on 2026-12-02: the A100 meets issue 28's target (median <= 5%, p90 <= 12%) but
-# for InternLM-20B's median (5.2%); the H100 does not (p90 17-21%: its cuBLAS kernel
-# choices between 256 and 1024 rows are not a smooth function of the shape).
-HELD_OUT_BOUNDS = {"a100": (0.055, 0.12), "h100": (0.11, 0.22)}
+# for InternLM-20B's median (5.8%); the H100 does not (medians 4-11%, p90 17-21%: its
+# GEMM library's kernel choices between 256 and 1024 rows are not a smooth function of
+# the shape).
+HELD_OUT_BOUNDS = {"a100": (0.065, 0.125), "h100": (0.12, 0.23)}
 
 
 def test_held_out_errors_stay_close_to_in_sample():
