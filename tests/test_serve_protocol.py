@@ -84,3 +84,19 @@ def test_goodput_flags_are_checked():
     for bad in (["itl:5"], ["ttft:fast"], ["tpot:-1"]):
         with pytest.raises(ValueError, match="--goodput"):
             parse_goodput(bad)
+
+
+def test_llama_server_command_carries_the_chunking_flags(monkeypatch, tmp_path):
+    from minillm.serve import peer
+    monkeypatch.setattr(peer, "llama_server_path", lambda: None)
+    with pytest.raises(FileNotFoundError, match="make peer"):
+        peer.llama_server_command(8001)
+    binary = tmp_path / "llama-server"
+    binary.write_text("")
+    monkeypatch.setattr(peer, "llama_server_path", lambda: binary)
+    for amx in (False, True):
+        monkeypatch.setattr(peer, "cpu_has_amx", lambda amx=amx: amx)
+        cmd = peer.llama_server_command(8001, batch_size=256, parallel=9, gguf="m.gguf")
+        assert cmd[cmd.index("-b") + 1] == "256" and cmd[cmd.index("-ub") + 1] == "256"
+        assert cmd[cmd.index("-c") + 1] == str(9 * 4096) and cmd[cmd.index("--host") + 1] == "127.0.0.1"
+        assert ("--no-repack" in cmd) == amx      # ggml's AMX path dies with SIGILL otherwise (llama.cpp #26954)
