@@ -1,4 +1,4 @@
-"""The benchmarks run end to end on a small case (their numbers live in the README)."""
+"""The benchmarks run end to end on a small case (their numbers live in docs/benchmarks.md)."""
 import math
 import pytest
 import torch
@@ -104,7 +104,7 @@ def test_bench_model_offers_the_real_model_by_name_and_names_it_when_refusing():
 
 
 def test_break_even_measurement_reports_both_lengths():
-    # timings are noisy: the README reports the measured lengths; here, what the result holds
+    # timings are noisy: docs/benchmarks.md reports the measured lengths; here, what the result holds
     model = bench.bench_model("gqa2")
     r = bench.bench_break_even(model, chunk=64, num_cached=512, repeats=1)
     assert r["flops"] == model.cfg.attention_break_even_len and (r["chunk"], r["num_cached"]) == (64, 512)
