@@ -96,8 +96,8 @@ assert tokens_processed_cached == len(prompt) + num_new
 # %% [markdown]
 # Over those 32 tokens the recompute loop pushed 25 times as many tokens through the model
 # (the counts above), yet at 48 to 80 tokens per step the time of a step says little
-# about its tokens. On this CPU a step has a **fixed cost** (Python, kernel dispatch, 4
-# layers of small ops) that does not depend on its tokens, and at a few dozen tokens that
+# about its tokens. On this CPU a step has a **fixed cost** (reading every weight once,
+# Python, kernel dispatch, 4 layers of small ops) that does not depend on its tokens, and at a few dozen tokens that
 # fixed cost dominates. To see how each approach grows with the
 # sequence, time one step of each at lengths from 32 to 1024 tokens: a recompute step is
 # a prefill of the whole sequence, a cached step is one new token over a cache of that
