@@ -112,8 +112,8 @@ assert prefill_s > decode_s, "a 2048-token prefill should take longer than a one
 
 # %% [markdown]
 # The prefill has 256 times the decode step's tokens but takes far less than 256 times
-# as long, for two reasons. Every step pays a **fixed cost** (Python, kernel dispatch, the
-# small operations of 4 layers) whatever its size; and each decode token attends over
+# as long, for two reasons. Every step pays a **fixed cost** (reading every weight once,
+# Python, kernel dispatch, the small operations of 4 layers) whatever its size; and each decode token attends over
 # its 2048 cached keys, so the decode step costs more than a prefill step of 8 short
 # tokens. Timing prefill steps of a few sizes separates the fixed part from the cost per
 # token: a straight line through the 8- and 1024-token steps gives both:
