@@ -9,8 +9,10 @@
 # a roofline with `minillm.hardware`; and turn the counts into a predicted step time
 # with `minillm.cost_model`, checked against operator times measured on A100 and H100
 # GPUs. Along the way we recompute the numbers the source articles quote and see which
-# hold. The payoff: a prefill chunk is compute-bound, a decode is memory-bound, and a
-# step that mixes them uses both halves of the machine.
+# hold. The payoff: a prefill chunk is compute-bound, a decode is memory-bound, and in a
+# step that mixes them the decodes ride on the weight read the chunk pays for anyway:
+# the step's linear layers are one compute-bound GEMM over the chunk's rows and the
+# decodes' together.
 
 # %% slideshow={"slide_type": "skip"}
 import math
@@ -83,7 +85,7 @@ for label, bandwidth_bytes_s in [("the article's 2 TB/s", 2e12),
     print(f"{kv_write_bytes:,} bytes at {label}: {kv_write_bytes / bandwidth_bytes_s * 1e6:.1f} us")
 
 # %% [markdown]
-# The byte count holds exactly (it is 64 MiB, i.e. 67.1 MB, not 64 MB). The article's
+# The byte count holds exactly if "64 MB" means 64 MiB (67.1 MB). The article's
 # "32 us" divides 64e6 by 2e12; with the exact bytes it is 33.6 us at 2 TB/s. Either
 # way it is well under 1% of a step that takes tens of milliseconds (the mixed steps
 # predicted later in this chapter): the claim that the KV
@@ -121,30 +123,39 @@ assert at_mfu_s[0.7] < predicted_s < at_mfu_s[0.5]
 # floor no kernel can beat:
 
 # %% slideshow={"slide_type": "subslide"}
-weights_bytes = llama2.num_parameters() * 2
+# What a decode streams: every layer's weights and the LM head. The input embedding is
+# not streamed: a step gathers one row of it per token (accounting.step_cost counts so).
+weights_bytes = step_cost(llama2, [(1, 0)], dtype_bytes=2).bytes_weights
+embedding_bytes = llama2.vocab_size * llama2.hidden_size * 2
+ratios = {}
 for name in ("A100-40GB", "A100-80GB", "H100-SXM", "H200"):
     hw = hardware.get_hardware(name)
     floor_s = weights_bytes / hw.mem_bandwidth_bytes_s
-    model_s = cost_model.predict_step(llama2, [(1, 512)], hardware=hw).total
-    print(f"{name:10s} weight-read floor {floor_s * 1e3:4.1f} ms, cost model {model_s * 1e3:4.1f} ms")
-    assert 1.6 < model_s / floor_s < 3.1                        # "1.7-3x the floor", quoted below
+    step = cost_model.predict_step(llama2, [(1, 512)], hardware=hw)
+    sync_s = cost_model.predict_step(llama2, [(1, 512)], hardware=hw, async_scheduling=False).total
+    ratios[name] = step.total / floor_s
+    print(f"{name:10s} weight-read floor {floor_s * 1e3:4.1f} ms, cost model {step.total * 1e3:4.1f} ms "
+          f"({step.graph} graph; synchronous host: {sync_s * 1e3:4.1f} ms)")
 a100_floor_s = weights_bytes / a100.mem_bandwidth_bytes_s
 assert a100_floor_s > 5e-3
 # the numbers the next paragraph quotes
-assert round(weights_bytes / 1e9, 1) == 13.5 and round(a100_floor_s * 1e3, 1) == 6.6
-assert round(weights_bytes / hardware.get_hardware("A100-40GB").mem_bandwidth_bytes_s * 1e3, 1) == 8.7
+assert all(1.4 < r < 1.8 for r in ratios.values())                          # "1.4-1.7x the floor"
+assert round(weights_bytes / 1e9, 1) == 13.2 and round(a100_floor_s * 1e3, 1) == 6.5
+assert round((weights_bytes + embedding_bytes) / 1e9, 1) == 13.5
+assert round(weights_bytes / hardware.get_hardware("A100-40GB").mem_bandwidth_bytes_s * 1e3, 1) == 8.5
 
 # %% [markdown]
-# On any A100, 13.5 GB of bf16 weights take at least 6.6 ms (80GB) or 8.7 ms (40GB) to
-# read, so "~5 ms" per decode step does not hold there. On an H100 or H200 the floor is
-# below 5 ms, so there the figure is possible, but only for an engine that trims the
-# overheads the cost model charges (its predictions, printed above, are higher on every GPU).
-# The cost model's step is 1.7-3x the floor (the faster the GPU, the more the fixed costs
-# weigh): real kernels reach about 90% of the
-# datasheet bandwidth, every one of the ~10 kernels per layer pays a few microseconds of
-# launch (the measured per-layer operator times in section 5 show the same), and we
-# assume 2 ms of per-step host work (an assumption, not a measurement; CUDA graphs
-# shrink both of the latter in production engines).
+# On any A100, the 13.2 GB of bf16 weights a decode streams (13.5 GB with the input
+# embedding, which a step only gathers a row of per token) take at least 6.5 ms (80GB) or
+# 8.5 ms (40GB) to read, so "~5 ms" per decode step does not hold there. On an H100 or
+# H200 the floor is below 5 ms, so there the figure is possible. The cost model's step is
+# 1.4-1.7x the floor: real kernels stream the weights at 87-97% of the datasheet
+# bandwidth (fitted in section 5), and each of a layer's ~10 kernels takes a few
+# microseconds however small its work (the measured per-operator times of section 5
+# show it: a one-token norm takes 5 us). The host costs nothing on top: a decode-only
+# step replays one CUDA graph (its ~400 kernels cost no launches: chapter 7, section 7),
+# and the 2 ms of host work we assume per step hides behind the GPU's with async
+# scheduling (vLLM's default since v0.14); synchronous, it adds its 2 ms (printed above).
 #
 # **"A chunk of L tokens costs 4Ld² projection FLOPs per layer."** One article counts the
 # four attention projections as `L*d*d` each. It misses three things: a multiply-add is
@@ -281,7 +292,9 @@ plt.show()
 
 # %% [markdown]
 # A decode batch does ~25 FLOPs per byte: an A100 (ridge ~150) runs it at a sixth of its
-# peak at best, waiting on memory. A 512-token chunk is past every GPU ridge. Putting the
+# peak at best, waiting on memory. A 512-token chunk is past every GPU ridge. (One article
+# says the GPU idles during a long prefill; it is the other way round: a long prefill
+# keeps the arithmetic units busy, compute-bound. What waits is the decodes.) Putting the
 # decodes in the chunk's step adds their tokens almost for free: the weights are read once
 # for all of them. This machine's ridge, fitted to its real steps, is far lower (printed
 # above: a few hundred GFLOP/s against a few tens of GB/s, a ridge of some 15-20 FLOPs per
@@ -290,65 +303,66 @@ plt.show()
 # chapters see a chunk's time grow with nearly every token, while a decode step costs
 # about what streaming the weights once does.
 #
-# **Where growing the chunk stops paying.** With 32 decodes in every step, the cost model
-# gives the time of a step as the chunk grows. Per prefill token, the cost falls while
-# the step is memory-bound and flattens once compute dominates:
+# **Where the free ride ends: the measured knee.** A step's linear layers are GEMMs with
+# M = every token of the step: the chunk's rows plus one per decode. While M is small the
+# GEMM waits on its weight read and extra rows ride free. Measured, not modelled:
+# Llama-3-8B's four linear operators of one layer on an A100 (the Vidur files of
+# section 5), around the knee:
 
-# %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
-chunks = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
-decodes = [(1, 1024)] * 32
-fig, ax = plt.subplots(figsize=(6.5, 3.6))
-for name in ("A100-80GB", "H100-SXM"):
-    base_s = cost_model.predict_step(llama3, decodes, hardware=name).total
-    extra_us = [(cost_model.predict_step(llama3, [(c, 1024, False)] + decodes, hardware=name).total
-                 - base_s) / c * 1e6 for c in chunks]
-    ax.plot(chunks, extra_us, "o-", label=name)
-ax.set_xscale("log", base=2); ax.set_yscale("log")
-ax.set_xlabel("prefill chunk size (tokens) added to 32 decodes")
-ax.set_ylabel("added step time per prefill token (us)")
-ax.set_title("Past the tile the decodes fill, a bigger chunk makes no token cheaper")
-ax.legend()
-plt.show()
-extra_512 = cost_model.predict_step(llama3, [(512, 1024, False)] + decodes, "A100-80GB").total
-extra_4096 = cost_model.predict_step(llama3, [(4096, 1024, False)] + decodes, "A100-80GB").total
-assert extra_4096 / 4096 > 0.8 * extra_512 / 512     # per-token cost barely drops past 512
-for name, free_up_to in (("A100-80GB", 32), ("H100-SXM", 96)):   # 64- and 128-row GEMM tiles
-    base_s = cost_model.predict_step(llama3, decodes, hardware=name).total
-    per_token = {c: (cost_model.predict_step(llama3, [(c, 1024, False)] + decodes, hardware=name).total
-                     - base_s) / c for c in chunks}
-    last_riding = max(c for c in chunks if c <= free_up_to)
-    past = [c for c in chunks if c > free_up_to]
-    assert per_token[past[0]] > 2 * per_token[last_riding]                   # quoted below
-    assert all(per_token[b] >= per_token[a] for a, b in zip(past, past[1:]))   # and it creeps up
+# %% slideshow={"slide_type": "subslide"}
+l3_a100 = op_profiles.profile_dir() / "a100_Meta-Llama-3-8B.csv"
+knee_rows = (64, 96, 112, 128, 136, 144, 160, 192, 256, 384, 512)
+knee_ms = {m: op_profiles.measured_layer_s(l3_a100, m) * 1e3 for m in knee_rows}
+a100_model = {m: sum(cost_model.layer_linear_times_s(llama3, m, a100)[op] for op in op_profiles.FITTED_OPS) * 1e3
+              for m in knee_rows}
+print(f"{'rows M':>7s} {'measured ms':>12s} {'us per row':>11s} {'cost model ms':>14s}")
+for m in knee_rows:
+    print(f"{m:7d} {knee_ms[m]:12.3f} {knee_ms[m] / m * 1e3:11.2f} {a100_model[m]:14.3f}")
+assert round(knee_ms[128], 3) == 0.377 and 0.505 < knee_ms[160] < 0.515         # quoted below
+assert knee_ms[128] < 1.2 * knee_ms[64] and knee_ms[160] > 1.3 * knee_ms[128]
+assert max(knee_ms[m] for m in (136, 144, 160, 192)) < 1.05 * knee_ms[256]      # 129-256 cost ~ 256
+assert abs(a100_model[128] / knee_ms[128] - 1) < 0.03 and a100_model[160] > 1.2 * a100_model[128]
 
 # %% [markdown]
-# While the chunk's tokens fit in the GEMM tile rows the 32 decodes already pay for (the
-# fitted tiles are 64 rows on the A100 and 128 on the H100, so 32 and 96 tokens), the
-# chunk rides along on the weight read for a few microseconds a token. Past that, the step
-# pays another tile of compute: at the next chunk size plotted each token costs more than
-# twice as much, and from there on a bigger chunk makes no token cheaper (the cost per
-# token creeps up, as a longer chunk's later tokens attend over more keys; sizes between
-# the plotted ones wiggle with the tile padding). It only makes each step, and every
-# decode's inter-token latency, longer. A plain roofline puts that turn
-# at the ridge, about 150 tokens on an A100 (section 4); the fitted kernels turn sooner.
+# Up to 128 rows the step rides on the weight read: 1 to 64 rows cost within 20% of each other, 128 only
+# 16% more. Past 128 the time jumps (0.377 ms at 128 rows, 0.51 ms at 160: +35% time
+# for +25% rows), and any M from 129 to 256 costs about what 256 does. That is the GEMM's
+# tiles: the library cuts M into tiles of 128 rows (and the output columns into tiles
+# too, run in waves over the A100's 108 SMs), and a partial tile costs a whole one. The
+# cost model's tiles and waves (fitted in section 5) put the knee in the same place.
 #
+# **The tile rule.** What must be a whole number of tiles is the step's M, the chunk
+# PLUS the decodes, so choose the step's token budget (vLLM's `max_num_batched_tokens`),
+# not the chunk size, as a multiple of the tile. With 32 decodes running and a budget of
+# 128, the chunk takes 96 rows and the step stays at one tile, riding on the weight read;
+# a budget of 160 (a 128-token chunk + 32 decodes) buys 32 more prompt tokens for +35%
+# step time. Past a few tiles (about 512 rows here) every row costs the same ~2 us: the
+# step is compute-bound and a bigger chunk makes no token cheaper, it only makes every
+# decode's gap longer.
+
 # **"TPOT ≈ compute(C+N) / compute(N) × Δt."** One article scales the decode step time Δt
 # by the FLOPs of the mixed step over those of the decodes alone. That treats a decode
 # step as compute-bound. It is not: a step of 32 decodes costs the weight read (section
 # 2), and the chunk's FLOPs are added to that, not multiplied by it:
 
 # %%
+decodes = [(1, 1024)] * 32
 decode_step_s = cost_model.predict_step(llama3, decodes, "A100-80GB").total
+overstated = []
 for chunk in (128, 512, 2048):
     mixed_s = cost_model.predict_step(llama3, [(chunk, 1024, False)] + decodes, "A100-80GB").total
     flops_ratio = step_cost(llama3, [(chunk, 1024, False)] + decodes).flops / step_cost(llama3, decodes).flops
     print(f"C={chunk:4d}, N=32: the article's formula x{flops_ratio:5.1f} -> {flops_ratio * decode_step_s * 1e3:6.0f} ms; "
           f"cost model x{mixed_s / decode_step_s:4.1f} -> {mixed_s * 1e3:4.0f} ms")
     assert mixed_s < 0.5 * flops_ratio * decode_step_s
+    overstated.append(flops_ratio * decode_step_s / mixed_s)
+assert 2.9 < min(overstated) and max(overstated) < 7                 # "3 to 7 times", quoted below
 
 # %% [markdown]
-# The formula overstates a mixed step 3 to 6.5 times here: the decodes' step is not a unit
-# of compute but a weight read, which the chunk shares. A better rule of thumb
+# The formula overstates a mixed step 3 to 7 times here: the decodes' step is not a unit
+# of compute but a weight read, which the chunk shares. Another article's "TPOT jitter ∝
+# C/N x FLOP_GEMM/FLOP_GEMV" makes the same mistake: a decode's step is a weight read, not
+# FLOPs at a GEMV's pace, and a chunk adds its own FLOPs to it rather than multiplying it. A better rule of thumb
 # on a GPU is `step(C+N) ≈ max(weight read, FLOPs(C+N) / sustained FLOP/s)` plus
 # overheads, which is what the cost model refines.
 #
@@ -364,7 +378,14 @@ for chunk in (128, 512, 2048):
 # - **held out**: refit the GPU's factors from a neutral start on its *other* files only
 #   (the other GPU's files cannot inform them), then predict this one. That is what a
 #   new model shape on the same GPU would see. (The refit uses every third row and 150
-#   hill-climbing steps, about two seconds a file.)
+#   hill-climbing steps, a few seconds a file.)
+#
+# The kernels being fitted: three GEMM tile shapes (64x64, 128x128, 128x256 output
+# elements), each at its own fraction of peak; the tiles of a GEMM run in waves over the
+# SMs (108 on the A100, 132 on the H100), a partial last wave charged part of a whole one
+# (`wave_quantization`); the fastest tile shape for the GEMM's M and N wins, as a GEMM
+# library's heuristic picks. The errors are over rows 1-4096. The target we set
+# ourselves: median |error| at most 5% and 90th percentile at most 12% held out.
 
 # %% slideshow={"slide_type": "subslide"}
 # NBVAL_IGNORE_OUTPUT
@@ -376,21 +397,55 @@ for name, r in validation.items():
           f"{len(r['fitted_on'])} other file(s)")
 
 # %% slideshow={"slide_type": "skip"}
+worst = {}
+for gpu in ("a100", "h100"):
+    rows = [r["held_out"] for name, r in validation.items() if name.startswith(gpu)]
+    worst[gpu] = (max(m for m, _ in rows), max(p for _, p in rows))
+    print(f"{gpu}: worst file held out: median {worst[gpu][0]:.1%}, p90 {worst[gpu][1]:.1%} "
+          f"(target 5%, 12%: {'met' if worst[gpu][0] <= 0.05 and worst[gpu][1] <= 0.12 else 'NOT met'})")
 for name, r in validation.items():
     assert r["in_sample"][0] <= 0.08 and r["in_sample"][1] <= 0.20, name
-    assert r["held_out"][0] <= 0.10 and r["held_out"][1] <= 0.25, name
-worst_held_out_median = max(r["held_out"][0] for r in validation.values())
-worst_held_out_p90 = max(r["held_out"][1] for r in validation.values())
-print(f"worst file held out: median {worst_held_out_median:.1%}, p90 {worst_held_out_p90:.1%}")
-assert all(r["held_out"][0] - r["in_sample"][0] <= 0.025 for r in validation.values())
+a100_over = [name for name, r in validation.items() if name.startswith("a100") and r["held_out"][0] > 0.05]
+assert worst["a100"][0] <= 0.065 and worst["a100"][1] <= 0.125 and len(a100_over) <= 1   # quoted below
+assert worst["h100"][0] <= 0.12 and 0.15 < worst["h100"][1] <= 0.23
+assert all(r["held_out"][0] - r["in_sample"][0] <= 0.035 for r in validation.values())
 
 # %% [markdown]
-# Held out, the errors stay close to the in-sample ones (the median within two points on
-# every file): the factors describe the GPU's kernels, not one model's shape. This is
-# what "the cost model predicts linear layers to within about 5-10%" means, and all it
-# means: these files hold no attention kernels and no whole steps, so the attention
-# efficiency (0.5) and the 2 ms per-step overhead are assumptions, not fits (chapter 7
-# lists them).
+# Held out, the errors stay close to the in-sample ones (the median within 3.5 points on
+# every file): the factors describe the GPU's kernels, not one model's shape. On the A100
+# the 90th percentile meets the target on every file and the median on all but one
+# (InternLM-20B, about 6%); on the H100 the target is not met: medians up to ~11% and a
+# 90th percentile near 20%. The H100's measured times
+# between 256 and 1024 rows jump with the GEMM library's choice of kernel (1024 rows of
+# CodeLlama-34B's o_proj run at 540 TFLOP/s, 512 rows at 690), which no smooth function
+# of the shape follows. These files hold no attention kernels and no whole steps, so the
+# attention efficiency (0.5) and the 2 ms of host work per step are assumptions, not fits
+# (chapter 7 lists them).
+#
+# One comparison decides chapter 7's account of chunking's price: a 2048-token prompt
+# as four steps of 512 rows against one of 2048. Measured and predicted, Llama-2-7B's
+# linear layers, one layer:
+
+# %%
+for gpu in ("a100", "h100"):
+    r = op_profiles.chunked_vs_whole(op_profiles.profile_dir() / f"{gpu}_Llama-2-7b-hf.csv", 512, 2048)
+    measured = r["chunked"]["linear_ms"] / r["whole"]["linear_ms"]
+    model = r["chunked"]["model_linear_ms"] / r["whole"]["model_linear_ms"]
+    print(f"{gpu}: measured 4 x 512 = {r['chunked']['linear_ms']:.3f} ms vs 1 x 2048 = {r['whole']['linear_ms']:.3f} ms "
+          f"(x{measured:.3f}); cost model {r['chunked']['model_linear_ms']:.3f} vs {r['whole']['model_linear_ms']:.3f} "
+          f"(x{model:.3f})")
+    if gpu == "a100":
+        assert 0.99 < measured < 1.0 and 1.05 < model < 1.09
+    else:
+        assert 1.2 < measured < 1.23 and 1.12 < model < 1.17
+
+# %% [markdown]
+# The model puts a penalty on 512-row steps on both GPUs, larger on the H100, as measured;
+# but on the A100 the measured steps show none (x0.997) where the model says x1.07, and on
+# the H100 it says x1.15 where the GPU shows x1.21. Within 2% it is not: its 512-row
+# times are 5% high on the A100, its 2048-row times 14% high on the H100. Chapter 7
+# therefore reads chunking's price from the measured sums first, and shows the model's
+# terms beside them.
 
 # %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 errors = op_profiles.linear_op_errors(op_profiles.profile_dir() / "a100_Meta-Llama-3-8B.csv")
@@ -483,6 +538,13 @@ assert all(0.9 < r < 1.3 for r in measured_over_estimate.values())
 # chunking: FlashAttention (bottom-right causality built in) and the split above need none.
 # On a GPU the same activation gap decides how long a prompt fits next to the KV cache.
 #
+# What chunking does *not* change is the prompt's KV footprint. One article says that
+# without chunking "the memory peak explodes: all KV allocated at once". Every one of the
+# prompt's K and V rows is resident before its first token either way (section 2: 64 MiB
+# per 512 tokens of Llama-3-8B, whatever the chunk), and a paged engine allocates the
+# blocks as the tokens are computed in both cases. Chunking caps the *activation* peak,
+# measured above: the per-step temporaries, which scale with the step's new tokens.
+#
 # ## 7. Checking the FLOPs against PyTorch's own counter
 #
 # `torch.utils.flop_counter.FlopCounterMode` counts the FLOPs of every matmul the
@@ -524,18 +586,21 @@ for backend in ("reference", "sdpa"):
 # 1. A step's FLOPs are `2*M*N*K` per GEMM plus `4 * head_dim` per causal pair and head; chunking
 #    never changes their sum (same integer for every chunk size).
 # 2. A decode batch does few FLOPs per byte (~25 for 32 decodes, section 4) and is bound
-#    by reading the weights (a 7B model's decode takes at least 6.6 ms on an A100-80GB,
-#    not 5); a 512-token chunk is past every GPU's ridge point and is bound by compute.
-# 3. Mixing them in one step lets the decodes ride on the weight read the chunk pays for;
-#    past the GEMM tile the decodes fill (a few dozen tokens), a bigger chunk no longer
-#    makes its tokens cheaper, only the step longer.
-# 4. The articles' "64 MB" KV write per 512-token chunk is right (exactly 64 MiB) and
-#    negligible; the KV *re-read* of
-#    small chunks is the real (still modest) IO cost.
-# 5. A roofline needs real-kernel factors to predict: fitted once per GPU, the cost model
-#    matches measured A100/H100 linear-layer times with a median error of a few percent,
-#    also on a model shape held out of the fit (section 5 prints both; the 90th
-#    percentile is larger). Attention and per-step overhead are assumed, not fitted.
+#    by reading the weights (a 7B model's decode streams 13.2 GB and takes at least 6.5 ms
+#    on an A100-80GB, not 5); a 512-token chunk is past every GPU's ridge point and is
+#    bound by compute (a long prefill keeps the GPU busy, not idle).
+# 3. Mixing them in one step lets the decodes ride on the weight read the chunk pays for:
+#    the step's linear layers are one GEMM over M = chunk + decodes rows. Measured on an
+#    A100, M rides free up to one 128-row tile and jumps past it (0.377 ms at 128 rows,
+#    0.51 at 160): choose the token budget, not the chunk, as a multiple of the tile.
+# 4. The articles' "64 MB" KV write per 512-token chunk is 64 MiB (67.1 MB) and
+#    negligible; the KV *re-read* of small chunks is the real (still modest) IO cost.
+#    Chunking leaves a prompt's KV footprint as it is and caps the activation peak.
+# 5. A roofline needs real-kernel factors to predict: fitted once per GPU (tiles, waves,
+#    bandwidth), the cost model matches measured linear-layer times with a median error
+#    of 4-6% on the A100 and 4-11% on the H100, held out by model (section 5); the 90th
+#    percentile is 10-12% on the A100 and near 20% on the H100. Attention and host work
+#    are assumed, not fitted.
 # 6. Two of the articles' formulas are off: a layer's linear FLOPs are 26·L·d² for
 #    Llama-3-8B, not 4·L·d²; and a mixed step is a weight read plus the chunk's FLOPs,
 #    not the decode step scaled by a FLOP ratio.
