@@ -6,8 +6,10 @@ import torch
 
 from minillm.config import ModelConfig
 from minillm.sim import hardware
-from minillm.sim.calibration import (basis_hardware, calibration_shapes, evaluation_shapes, fit_step_model,
-                                     measure_step_times, predict_step_times, relative_errors, step_shape)
+from minillm.sim.calibration import (NOISY_FIT_ERROR, CalibratedHardware, NoisyCalibrationError,
+                                     NoisyCalibrationWarning, basis_hardware, calibration_shapes, evaluation_shapes,
+                                     fit_profile, fit_step_model, measure_step_samples, measure_step_times,
+                                     predict_step_times, relative_errors, step_shape, timing_spread)
 from minillm.sim.cost_model import predict_step
 
 
@@ -74,26 +76,69 @@ def test_measure_step_times_times_real_steps(tiny_model):
         measure_step_times(tiny_model, [(0, 1, 8)], repeats=0)
 
 
-def test_calibrate_predicts_held_out_engine_steps_within_30_percent(tmp_path, tiny_model):
-    # The public path: calibrate() -> predict_step, against real steps of shapes
-    # the fit never saw, timed right after (each step's median of 3 here, of 5 by default).
+def _ranks(values):
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0] * len(values)
+    for rank, i in enumerate(order):
+        ranks[i] = rank
+    return ranks
+
+
+def spearman(a, b) -> float:
+    """Rank correlation: 1 when b orders the items as a does."""
+    ra, rb = _ranks(a), _ranks(b)
+    n = len(a)
+    return 1 - 6 * sum((x - y) ** 2 for x, y in zip(ra, rb)) / (n * (n * n - 1))
+
+
+def test_a_fit_predicts_held_out_steps_within_30_percent_or_says_the_machine_was_busy(tiny_model):
+    # calibrate()'s fit (fit_profile over each step's median repeat) against real steps
+    # of shapes it never saw. Both sweeps are timed in ONE round-robin, so a load that
+    # comes and goes hits the fitted and the held-out steps alike; timed one after the
+    # other, a busy minute under one of them alone made this 308% off.
     # Issue 13 asks for 10%. On the reference machine (bench simulator, README section 3):
     # 3.3-5.8% while the machine keeps its speed; 8-17% while the same steps themselves
-    # move 9-23% from one minute to the next. 30% is what a shared CI machine can promise.
-    hw = hardware.calibrate(device="cpu", repeats=3, progress=False, cache_path=tmp_path / "hw.json",
-                            force=True)
-    model = tiny_model
-    shapes = evaluation_shapes()
-    measured = measure_step_times(model, shapes, repeats=3, statistic="median")
-    predicted = [predict_step(model.cfg, step_shape(*s), hw, dtype_bytes=4).total for s in shapes]
-    errors = [abs(e) for e in relative_errors(measured, predicted)]
-    assert statistics.median(errors) < 0.30, f"median |error| {statistics.median(errors):.0%}"
+    # move 9-23% from one minute to the next. 30% is what a quiet shared machine can promise;
+    # a busier one must say so on the profile (timing_spread above NOISY_SPREAD).
+    fitted, held_out = calibration_shapes(), evaluation_shapes()
+    samples = measure_step_samples(tiny_model, fitted + held_out, repeats=3)
+    hw = fit_profile(tiny_model.cfg, fitted, samples[:len(fitted)])
+    measured = [statistics.median(times) for times in samples[len(fitted):]]
+    predicted = predict_step_times(tiny_model.cfg, held_out, hw)
+    error = statistics.median(abs(e) for e in relative_errors(measured, predicted))
+    note = f"median |error| {error:.0%}; {hw.noise_note()}"
+    print(note)
+    assert error < 0.30 or hw.noisy, note
+    # What load cannot undo: the steps span ~50x in cost, so the fit orders them as measured.
+    assert spearman(measured, predicted) > 0.7, note
+
+
+@pytest.mark.timing
+def test_calibrate_is_the_fit_of_its_measured_repeats(tmp_path, tiny_model):
+    # The public path at small scale: calibrate() times the steps, fits them with
+    # fit_profile and records how spread the repeats were (whatever the load).
+    shapes = [(0, 1, 8), (0, 3, 8), (8, 1, 8), (16, 2, 0), (32, 1, 16), (4, 4, 4), (0, 2, 64)]
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NoisyCalibrationWarning)           # a busy machine: it may be noisy
+        hw = hardware.calibrate(device="cpu", repeats=2, progress=False, cache_path=tmp_path / "hw.json",
+                                force=True, shapes=shapes, max_spread=None)
+    assert isinstance(hw, CalibratedHardware) and hw.repeats == 2
+    assert hw.timing_spread >= 0 and hw.fit_error >= 0
+    assert (tmp_path / "hw.json").exists() != hw.noisy            # a noisy fit stays off disk
+
+
+# The cache tests time their steps with an injected clock (steady 10 ms steps): a fit of
+# real times on a busy machine is noisy, and a noisy fit is rightly kept off disk.
+def steady(shapes=None):
+    return BusyTimer([1.0], len(shapes or calibration_shapes()))
 
 
 def test_calibrate_measures_once_then_reads_the_cache(tmp_path):
     path = tmp_path / "hw.json"
     shapes = [(0, 1, 8), (0, 3, 8), (8, 1, 8), (16, 2, 0), (32, 1, 16), (4, 4, 4), (0, 2, 64)]
-    hw = hardware.calibrate(device="cpu", repeats=1, progress=False, cache_path=path, force=True, shapes=shapes)
+    hw = hardware.calibrate(device="cpu", repeats=1, progress=False, cache_path=path, force=True, shapes=shapes,
+                            timer=steady(shapes))
     assert hw.peak_flops_s > 0 and hw.mem_bandwidth_bytes_s > 0 and "fitted" in hw.name
     assert path.exists()
     hardware._CALIBRATED.clear()                    # forget the process cache: read the file
@@ -141,7 +186,7 @@ def test_simulate_counts_bytes_at_the_hardware_dtype_by_default():
 def test_is_calibrated_says_whether_calibrate_would_measure(tmp_path, monkeypatch):
     path = tmp_path / "hw.json"
     assert not hardware.is_calibrated(device="cpu", cache_path=path)
-    hw = hardware.calibrate(device="cpu", repeats=1, progress=False, cache_path=path, force=True)
+    hw = hardware.calibrate(device="cpu", repeats=1, progress=False, cache_path=path, force=True, timer=steady())
     assert hardware.is_calibrated(device="cpu", cache_path=path)
     # ... and only for that file: this quick one-repeat fit once became the process's
     # answer for the default file too, so the lab's "this machine" simulated with it
@@ -162,7 +207,8 @@ def test_a_fit_of_another_kernel_build_is_not_reused(tmp_path, monkeypatch):
         pytest.skip("the paged kernel is not built: decodes gather, and the fit says so")
     path = tmp_path / "hw.json"
     shapes = [(0, 1, 8), (0, 3, 8), (8, 1, 8), (16, 2, 0), (32, 1, 16), (4, 4, 4), (0, 2, 64)]
-    hardware.calibrate(device="cpu", repeats=1, progress=False, cache_path=path, force=True, shapes=shapes)
+    hardware.calibrate(device="cpu", repeats=1, progress=False, cache_path=path, force=True, shapes=shapes,
+                       timer=steady(shapes))
 
     def cached():
         return hardware._cached_calibration(*hardware._calibration_key("cpu", None, shapes, "median", path)[3:])
@@ -186,3 +232,110 @@ def test_attention_never_comes_out_cheaper_than_the_gemms():
     assert fitted.attention_bandwidth_efficiency in (None, 1.0) and fitted.attention_efficiency == 1.0
     assert fitted.peak_flops_s < 1e13
 
+
+
+# ---- a busy machine: calibrate() says so instead of returning a fit 3x off ------------
+
+SMALL_SHAPES = [(0, 1, 8), (0, 3, 8), (8, 1, 8), (16, 2, 0), (32, 1, 16), (4, 4, 4), (0, 2, 64)]
+
+
+def test_timing_spread_is_how_much_longer_the_typical_run_took_than_the_fastest():
+    assert timing_spread([[1.0, 1.0, 1.0], [2.0, 4.0, 6.0], [1.0, 1.5, 3.0]]) == pytest.approx(0.5)
+    assert timing_spread([[3.0, 1.0], [1.0, 1.0]]) == pytest.approx(0.5)       # two runs: their mean
+    assert timing_spread([[1.0], [2.0]]) is None                                 # one run: unknown
+    with pytest.raises(ValueError, match="samples"):
+        timing_spread([[1.0, 0.0]])
+
+
+def test_fit_profile_records_the_spread_and_the_fits_own_error():
+    cfg = ModelConfig.preset("tiny")
+    truth = basis_hardware(1 / 5e10, 1 / 8e9, 2e-6, 1e-3, per_seq_s=3e-4)
+    shapes = calibration_shapes()
+    times = predict_step_times(cfg, shapes, truth)
+    quiet = fit_profile(cfg, shapes, [[t, 1.05 * t, 1.1 * t] for t in times])
+    assert isinstance(quiet, CalibratedHardware) and quiet.repeats == 3
+    assert quiet.timing_spread == pytest.approx(0.05) and not quiet.noisy
+    assert quiet.fit_error < 1e-6                                  # the medians are the truth x 1.05
+    assert "5% longer than its fastest" in quiet.noise_note() and "quiet machine" in quiet.noise_note()
+    # a busy machine: each step's median repeat 30-90% above its fastest, by a random
+    # amount (the model cannot fit that: its own error shows it)
+    import random
+    typical = [random.Random(i).choice((1.3, 1.6, 1.9)) for i in range(len(times))]
+    busy = fit_profile(cfg, shapes, [[t, m * t, 3 * t] for m, t in zip(typical, times)])
+    assert busy.timing_spread == pytest.approx(statistics.median(typical) - 1) and busy.noisy
+    assert busy.fit_error > 0.05 and "busy" in busy.noise_note()
+    # repeats that agree, but steps the model cannot fit (each 2x off at random): flagged too
+    off = [random.Random(i).choice((0.5, 1.0, 2.0)) for i in range(len(times))]
+    unfit = fit_profile(cfg, shapes, [[m * t, m * t] for m, t in zip(off, times)])
+    assert unfit.timing_spread == 0 and unfit.fit_error > NOISY_FIT_ERROR and unfit.noisy
+    assert "does not describe it" in unfit.noise_note()
+    with pytest.raises(ValueError, match="samples"):
+        fit_profile(cfg, shapes, [[t] for t in times[:-1]])
+
+
+class BusyTimer:
+    """A fake perf_counter: round r of the sweep's steps each take base_s * factors[r]."""
+
+    def __init__(self, factors, num_shapes, base_s=0.01):
+        self.factors, self.num_shapes, self.base_s = factors, num_shapes, base_s
+        self.calls, self.now = 0, 0.0
+
+    def __call__(self):
+        if self.calls % 2:                                         # the call after a step: it took...
+            step = self.calls // 2
+            self.now += self.base_s * self.factors[step // self.num_shapes]
+        self.calls += 1
+        return self.now
+
+
+def calibrate_busy(path, factors, **kwargs):
+    timer = BusyTimer(factors, len(SMALL_SHAPES))
+    hw = hardware.calibrate(device="cpu", repeats=len(factors), progress=False, cache_path=path, force=True,
+                            shapes=SMALL_SHAPES, timer=timer, **kwargs)
+    assert timer.calls == 2 * len(factors) * len(SMALL_SHAPES)      # every step timed by the injected clock
+    return hw
+
+
+def test_calibrate_keeps_a_quiet_fit_and_records_its_spread(tmp_path):
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NoisyCalibrationWarning)
+        hw = calibrate_busy(tmp_path / "hw.json", [1.0, 1.1, 1.2])
+    assert hw.timing_spread == pytest.approx(0.1) and not hw.noisy and hw.repeats == 3
+    assert (tmp_path / "hw.json").exists()
+    hardware._CALIBRATED.clear()
+    again = hardware.calibrate(device="cpu", cache_path=tmp_path / "hw.json", shapes=SMALL_SHAPES)
+    assert again == hw and again.timing_spread == pytest.approx(0.1)      # the file keeps the spread
+
+
+def test_calibrate_warns_when_the_machine_was_busy_and_keeps_that_fit_off_disk(tmp_path):
+    path = tmp_path / "hw.json"
+    with pytest.warns(NoisyCalibrationWarning, match="60% longer than its fastest"):
+        hw = calibrate_busy(path, [1.0, 1.6, 2.5])
+    assert hw.noisy and hw.timing_spread == pytest.approx(0.6)
+    assert not path.exists()                                      # a busy minute is not this machine's profile
+    assert hardware.calibrate(device="cpu", cache_path=path, shapes=SMALL_SHAPES) is hw   # this process keeps it
+    hardware._CALIBRATED.clear()
+    with pytest.warns(NoisyCalibrationWarning):                   # a new session measures again
+        calibrate_busy(path, [1.0, 1.6, 2.5])
+
+
+def test_calibrate_refuses_a_machine_too_busy_to_fit_unless_told_to_keep_it(tmp_path):
+    path = tmp_path / "hw.json"
+    with pytest.raises(NoisyCalibrationError, match=r"150% longer than its fastest.*max_spread=1"):
+        calibrate_busy(path, [1.0, 2.5, 4.0])
+    assert not path.exists()
+    with pytest.raises(NoisyCalibrationError, match="max_spread=0.3"):
+        calibrate_busy(path, [1.0, 1.4, 1.4], max_spread=0.3)
+    with pytest.warns(NoisyCalibrationWarning):
+        kept = calibrate_busy(path, [1.0, 2.5, 4.0], max_spread=None)
+    assert kept.timing_spread == pytest.approx(1.5) and kept.noisy and not path.exists()
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, "1", True])
+def test_a_bad_max_spread_is_refused_before_measuring(tmp_path, bad):
+    timer = BusyTimer([1.0], len(SMALL_SHAPES))
+    with pytest.raises(ValueError, match="max_spread="):
+        hardware.calibrate(device="cpu", cache_path=tmp_path / "x.json", force=True, shapes=SMALL_SHAPES,
+                           max_spread=bad, timer=timer)
+    assert timer.calls == 0

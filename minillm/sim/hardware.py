@@ -13,10 +13,13 @@ import json
 from pathlib import Path
 
 from ..pretrained_models import cache_root as cache_dir      # calibrations live beside the model cache
-from .calibration import FACTORS, calibration_shapes, fit_step_model, measure_step_times
+from .calibration import (FACTORS, UNUSABLE_SPREAD, CalibratedHardware, NoisyCalibrationError,
+                          NoisyCalibrationWarning, calibration_shapes, check_max_spread, check_noise, fit_profile,
+                          measure_step_samples)
 from .profiles import DTYPE_WIDTHS, PROFILES, THIS_MACHINE_NAMES, Hardware, gpu_profile
 
-__all__ = ["Hardware", "PROFILES", "DTYPE_WIDTHS", "get_hardware", "calibrate", "is_calibrated", "cache_dir"]
+__all__ = ["Hardware", "PROFILES", "DTYPE_WIDTHS", "get_hardware", "calibrate", "is_calibrated", "cache_dir",
+           "CalibratedHardware", "NoisyCalibrationWarning", "NoisyCalibrationError"]
 
 
 def get_hardware(hardware) -> Hardware:
@@ -63,10 +66,16 @@ def _calibration_key(device, dtype, shapes, statistic, cache_path):
         if attention.uses_paged_decode_kernel(torch.empty(0, dtype=dtype, device=dev)) else "gather"
     from .. import host_memory
     key = (str(dev), dtype_name, torch.__version__, "tiny", repr(shapes), f"{len(FACTORS)} factors", statistic,
+           "timing spread recorded",
            f"decodes: {decodes}", f"freed host memory kept: {host_memory.keep_freed_memory()}")
     path = Path(cache_path) if cache_path is not None else \
         cache_dir() / f"steps-{dev.type}{dev.index or ''}-{dtype_name}-torch{torch.__version__}.json"
     return dev, dtype, shapes, key, path
+
+
+def _tuples(value):
+    """JSON's lists back to the tuples a Hardware holds (gemm_tiles: tuples of tuples)."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
 def _cached_calibration(key, path: Path) -> Hardware | None:
@@ -76,7 +85,7 @@ def _cached_calibration(key, path: Path) -> Hardware | None:
     try:
         saved = json.loads(path.read_text())
         if tuple(saved.pop("_key")) == key:
-            _CALIBRATED[key, str(path)] = Hardware(**saved)
+            _CALIBRATED[key, str(path)] = CalibratedHardware(**{k: _tuples(v) for k, v in saved.items()})
             return _CALIBRATED[key, str(path)]
     except (OSError, ValueError, TypeError, KeyError):
         pass                                      # no or stale cache
@@ -90,7 +99,8 @@ def is_calibrated(device=None, dtype=None, cache_path: str | Path | None = None)
 
 
 def calibrate(device=None, dtype=None, force: bool = False, repeats: int = 5, progress: bool = True,
-              cache_path: str | Path | None = None, shapes=None, statistic: str = "median") -> Hardware:
+              cache_path: str | Path | None = None, shapes=None, statistic: str = "median",
+              max_spread: float | None = UNUSABLE_SPREAD, timer=None) -> CalibratedHardware:
     """This machine's profile, fitted to measured steps of the real engine; cached.
 
     Times the built-in "tiny" model's steps over calibration.calibration_shapes()
@@ -107,12 +117,24 @@ def calibrate(device=None, dtype=None, force: bool = False, repeats: int = 5, pr
     the engine that much too fast.
     Cached in this process and on disk (cache_dir(), keyed by device, dtype,
     torch version and the shapes); force=True measures again.
+
+    A busy machine: the profile records how spread the repeats of each step
+    were (`timing_spread`: the typical run over the fastest, minus one) and
+    the fit's own error; `noise_note()` says it in words. Above
+    calibration.NOISY_SPREAD (0.25) the fit is returned with a
+    NoisyCalibrationWarning and kept in this process only, never on disk, so a
+    busy minute does not become this machine's profile for later sessions.
+    Above max_spread (default 1.0: a step's typical run took twice its
+    fastest) calibrate() refuses with NoisyCalibrationError and caches
+    nothing; max_spread=None keeps any fit. timer: the clock the steps are
+    timed with (time.perf_counter; tests inject a busy machine's times).
     """
     import torch
 
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats={repeats!r}: must be a positive integer")
     dev, dtype, shapes, key, path = _calibration_key(device, dtype, shapes, statistic, cache_path)
+    check_max_spread(max_spread)                 # before the measuring, not after
     dtype_name = key[1]
     if not force:
         hw = _cached_calibration(key, path)
@@ -121,15 +143,19 @@ def calibrate(device=None, dtype=None, force: bool = False, repeats: int = 5, pr
 
     from ..loader import build_model
     model = build_model("tiny", seed=0, dtype=dtype, device=dev)
-    measured_s = measure_step_times(model, shapes, repeats=repeats, progress=progress, statistic=statistic)
+    samples = measure_step_samples(model, shapes, repeats=repeats, progress=progress,
+                                   **({} if timer is None else {"timer": timer}))
     label = torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type
-    hw = fit_step_model(model.cfg, shapes, measured_s, dtype_bytes=model.dtype.itemsize,
-                        name=f"this {label} ({dtype_name}, fitted to engine steps)")
+    hw = fit_profile(model.cfg, shapes, samples, dtype_bytes=model.dtype.itemsize, statistic=statistic,
+                     name=f"this {label} ({dtype_name}, fitted to engine steps)")
     memory_bytes = float(torch.cuda.get_device_properties(dev).total_memory) if dev.type == "cuda" else 0.0
     hw = hw.replace(memory_bytes=memory_bytes, dtype=dtype_name,
                     source=f"calibrate(): {len(shapes)} tiny-model steps timed ({statistic} of {repeats}) "
                            f"and fitted, torch {torch.__version__}")
+    check_noise(hw, max_spread)                  # refuses, or warns that hw is noisy
     _CALIBRATED[key, str(path)] = hw
+    if hw.noisy:
+        return hw                                 # this process only: the next session measures again
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({**hw.to_dict(), "_key": list(key)}, indent=1))
