@@ -415,10 +415,10 @@ plt.show()
 #   does (section 6 counts the work exactly).
 # * **Mean TPOT is not where chunking shows.** Each stream waits through all 1024 prompt
 #   tokens either way, in one gap under `prefill_first` or spread over 1024/C gaps under
-#   `chunked`, so the streams' mean TPOT comes out about the same under both (chunked,
-#   if anything, a little above: its extra passes add their price to the wait; the
-#   spreads overlap), and far above `decode_first`'s, whose streams never wait on a
-#   prompt. Chunking changes how the wait is cut up, not its sum:
+#   `chunked`, so the streams' mean TPOT comes out about the same under both (either a
+#   little ahead, depending on the run: the extra passes add their price to the wait,
+#   the decodes riding in the chunk steps save some steps; the spreads overlap), and
+#   far above `decode_first`'s, whose streams never wait on a prompt. Chunking changes how the wait is cut up, not its sum:
 #   section 5 shows why the mean hides that.
 # * `decode_first` makes the prompt wait until every stream has finished: its pass count
 #   is the streams' remaining steps plus the prefill.
@@ -621,9 +621,10 @@ assert 4 + 1 < 1024 // 64 < 96 + 1             # the rule's two cases: fewer ste
 # `prefill_first`, every chunk size comes later, clearly at C=64; C=256's 4 passes cost
 # little more than one, and its median sits close to `prefill_first`'s, within what a
 # loaded machine's spread can cover. Against `decode_first`, the rule decides: with 4
-# steps left (5 waits against C=64's 16 passes) `decode_first` serves the prompt first
-# and the ratio of C=64 to it is above 1; with 96 steps left (97 waits) every chunk size
-# is well ahead and the ratio is far below 1. The printed spreads show how far the noise
+# steps left (5 waits against C=64's 16 passes) chunking gains nothing, `decode_first`
+# serves the prompt as soon or sooner (the ratio of C=64 to it at or above 1, by a margin
+# that moves with the machine); with 96 steps left (97 waits) every chunk size is well
+# ahead and the ratio is far below 1. The printed spreads show how far the noise
 # reaches; the pass counts are what the asserts hold.
 #
 # Why is a small chunk's pass more than its share of the prefill? Besides each pass's
@@ -1007,7 +1008,7 @@ assert steps["max 2 at a time"] - steps["roomy"] > steps["tight"] - steps["max 2
 # Everything above ran the tiny model on random prompts. The same engine serves a
 # trained model, SmolLM2-135M-Instruct (chapter 2 loads it), with its tokenizer, so each
 # output carries its decoded `text`. Four users write in (three short questions, one
-# passage to sum up); once each has 4 tokens, a fifth pastes a 384-token document. The same requests under each
+# passage to sum up); once each has 4 tokens, a fifth pastes a 256-token document. The same requests under each
 # policy, three rounds in rotating order (a step of this model takes tens of milliseconds
 # on a CPU, so a busy machine moves every time; the table prints medians and spreads, and
 # the counts that do not move: the forward passes before the document's first token and
@@ -1019,7 +1020,7 @@ from minillm.book.chats import chat_requests, long_document, serve_with_late_arr
 
 real_model, tok = minillm.pretrained("smollm2-135m-instruct", device=device)
 questions = [tok.apply_chat_template([{"role": "user", "content": q}]) for q in chat_requests(4)]
-document = tok.decode(tok.encode(long_document())[:384])
+document = tok.decode(tok.encode(long_document())[:256])
 late = tok.apply_chat_template([{"role": "user", "content": document + "\n\nWhat is this about? One sentence."}])
 real_policies = {"prefill_first": SchedulerConfig(policy="prefill_first"),
                  "decode_first": SchedulerConfig(policy="decode_first"),
@@ -1028,7 +1029,7 @@ REAL_ROUNDS = 3
 
 def serve_real(name):
     engine = minillm.LLMEngine(real_model, real_policies[name], tokenizer=tok)
-    outs, _ = serve_with_late_arrival(engine, questions, late, SamplingParams(max_tokens=12),
+    outs, _ = serve_with_late_arrival(engine, questions, late, SamplingParams(max_tokens=10),
                                       SamplingParams(max_tokens=4), after_tokens=4)
     doc = outs[-1].metrics
     streams = [o for o in outs[:-1] if len(o.output_token_ids) > 1]
@@ -1086,9 +1087,10 @@ if device.type == "cpu":                             # a whole document's step a
 # worst gap's order, by a wide margin: `prefill_first`'s max ITL is several times
 # `chunked 64`'s, and `decode_first`'s is a decode step. The document's first token is
 # soonest under `prefill_first`. Between `chunked 64` and `decode_first` the document's
-# TTFT comes out close, either one ahead in a given round: the streams have 8 tokens
-# left when it arrives (fewer if an answer ends early) and the document needs about as
-# many 64-token passes, which is section 6's rule at its break-even. With longer answers
+# TTFT comes out within a small margin, and which one leads can change with the machine:
+# the streams have 6 tokens left when it arrives (fewer if an answer ends early), so
+# `decode_first` makes it wait about as many steps as it needs 64-token passes (the
+# `passes` column), section 6's rule near its break-even. With longer answers
 # `decode_first`'s wait grows; chunked's does not. The streams' mean TPOT comes out
 # about the same under `prefill_first` and `chunked 64`, for the reason of section 4 (the
 # streams wait through the whole document either way, at once or in pieces), and lowest
