@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     if command == "figures":
         import argparse
 
-        from .book.figures import save_readme_figures
+        from .book.lab import save_readme_figures
         args = argparse.ArgumentParser(prog="python -m minillm figures")
         args.add_argument("--out", default="figures")
         out = args.parse_args(rest).out

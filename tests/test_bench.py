@@ -160,3 +160,12 @@ def test_compile_probe_refuses_bad_rows_and_repeats_naming_them():
         bench_compile.bench_compile_probe("gqa2", rows=(0,))
     with pytest.raises(ValueError, match="repeats="):
         bench_compile.bench_compile_probe("gqa2", repeats=0)
+
+
+def test_every_command_of_the_command_line_answers_help():
+    """Each command imports what it runs before parsing: --help catches a name that moved."""
+    import subprocess
+    import sys
+    for args in (["figures", "--help"], ["serve", "--help"], ["bench", "serve", "--help"]):
+        done = subprocess.run([sys.executable, "-m", "minillm", *args], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"python -m minillm {' '.join(args)}: {done.stderr[-500:]}"
