@@ -122,8 +122,9 @@ def run_calibrate_check(rounds: int = 2, repeats: int = 5, progress: bool = Fals
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
             t0 = time.perf_counter()
+            # max_spread=None: the bench reports a busy machine's drift, it does not refuse it
             fits.append(calibrate(device="cpu", repeats=repeats, progress=progress, force=True,
-                                  cache_path=f"{tmp}/round{r}.json"))
+                                  cache_path=f"{tmp}/round{r}.json", max_spread=None))
             t1 = time.perf_counter()
             evals.append(measure_step_times(model, shapes, repeats, seed=r, statistic="median"))
             result["calibrate_s"].append(t1 - t0)

@@ -24,9 +24,13 @@ __all__ = ["Hardware", "PROFILES", "DTYPE_WIDTHS", "get_hardware", "calibrate", 
 
 def get_hardware(hardware) -> Hardware:
     """A profile name ("A100-80GB", ...), a Hardware object (returned as is), or
-    "cpu": this machine, measured by calibrate()."""
+    "cpu": this machine, measured by calibrate().
+
+    The simulator and the lab keep a noisy fit (max_spread=None): calibrate()
+    warns with the spread of its repeats and does not save it, so a busy minute
+    costs a warning and a re-measure next session, not a refused chapter."""
     if isinstance(hardware, str) and hardware.lower() in THIS_MACHINE_NAMES:
-        return calibrate()
+        return calibrate(max_spread=None)
     return gpu_profile(hardware)
 
 

@@ -192,7 +192,7 @@ for name, r in results.items():
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-hw = calibrate(progress=False, repeats=2,
+hw = calibrate(progress=False, repeats=2, max_spread=None,
                shapes=[(0, 1, 16), (0, 4, 160), (0, 4, 1024), (32, 1, 160), (96, 2, 64), (128, 4, 512),
                        (128, 4, 900), (512, 4, 16), (512, 4, 512), (1024, 0, 0)])
 SCHEDS = {"no chunking": minillm.SchedulerConfig(policy="prefill_first", max_num_seqs=16),
