@@ -457,7 +457,8 @@ else:
 #
 # **Exercises:** `exercises/01_causal_attention.ipynb`: write the bottom-right mask,
 # grouped-query causal attention and the log-sum-exp merge, each checked against the
-# engine.
+# engine; then merge a chunk's keys cut into any number of pieces (the chapter shows two),
+# and predict the share of scores an explicit mask throws away over a chunked prefill.
 #
 # **Next:** chapter 2 puts this attention inside a Llama-style model, with RoPE and
 # grouped-query heads, and matches a real checkpoint against `transformers`.

@@ -1122,7 +1122,9 @@ if device.type == "cpu":                             # a whole document's step a
 # **Exercises** (`exercises/06_the_scheduler.ipynb`): write the chunked policy as a pure
 # function and check it against the engine's `Scheduler`; compute TTFT, TPOT and ITL from
 # timestamps; predict how many steps a prompt needs for a chunk size and token budget;
-# split a prompt into chunks of equal work.
+# split a prompt into chunks of equal work; write the `decode_first` policy's step; and
+# predict the stall a prompt causes under `prefill_first` with `predict_step`, then let the
+# simulator measure it.
 #
 # **Next:** the tiny model on one CPU shows the mechanism; chapter 7 simulates the same
 # scheduler on real models and GPUs, where you choose the chunk size.

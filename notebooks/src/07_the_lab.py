@@ -909,5 +909,6 @@ assert biggest_step[lab.OFF] >= 512 and biggest_step[64] <= 64 + 2
 #   piecewise for mixed steps, eager above the capture size, host work hidden or not.
 #
 # **Exercises:** `exercises/07_the_lab.ipynb`: compute the fastest a decode step can be,
-# choose a chunk size for an SLO, find the goodput of a policy, and count the steps of a
-# chunked prefill to predict its TTFT.
+# choose a chunk size from a sweep, find the goodput of a policy (some requests unfinished),
+# count the steps of a chunked prefill to predict its TTFT, and predict the largest chunk that
+# meets a worst-gap target, then let the simulator measure it.

@@ -418,4 +418,6 @@ assert thr["disaggregated"] <= thr["aggregated"]
 #
 # **Exercises:** `exercises/08_chunked_prefill_in_a_server.ipynb`: chain block hashes, count
 # the tokens a cached prompt still computes, plan a step under the long-prefill cap, and
-# compute DistServe's goodput.
+# compute DistServe's goodput; then work out which cached blocks an allocation evicts
+# (reference counts, LRU), and predict the prefill a shared system prompt saves, counted by
+# the engine.
