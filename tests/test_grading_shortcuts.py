@@ -24,9 +24,6 @@ from minillm.config import ModelConfig
 from minillm.kv_cache import BlockManager, PagedKVCache, blocks_for, blocks_that_fit
 from minillm.model import MLP, RMSNorm, apply_rope, rope_cos_sin
 from minillm.request import RequestMetrics
-from minillm.sim.accounting import step_cost
-from minillm.sim.hardware import get_hardware
-from minillm.sim.simulator import predict_step
 
 
 # ---- correct answers (the tests' own; the notebooks have theirs) --------------------------
@@ -275,106 +272,10 @@ def position_bug_errors(model, token_ids, chunk_size):
     return _layer_errors(model, token_ids, chunked_prefill(model, token_ids, chunk_size, positions_from_zero=True))
 
 
-def layer_flops(cfg, n, c):
-    d, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
-    gemm = 2 * n * d * (q + 2 * kv) + 2 * n * q * d + 4 * n * d * inter + 2 * n * inter * d
-    return gemm + 4 * (n * c + n * (n + 1) // 2) * cfg.head_dim * cfg.num_heads
-
-
-def kv_bytes(cfg, dtype_bytes):
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
-
-
-def step_traffic(cfg, requests, dtype_bytes, lm_head=True):
-    sampled = sum(1 for r in requests if len(r) == 2 or r[2])
-    d, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
-    flops = cfg.num_layers * sum(layer_flops(cfg, r[0], r[1]) for r in requests) \
-        + (2 * sampled * d * cfg.vocab_size if lm_head else 0)
-    weights = (cfg.num_layers * (d * (q + 2 * kv) + q * d + 3 * d * inter) + (d * cfg.vocab_size if sampled else 0)) \
-        * dtype_bytes
-    read = sum(r[1] for r in requests) * kv_bytes(cfg, dtype_bytes)
-    write = sum(r[0] for r in requests) * kv_bytes(cfg, dtype_bytes)
-    return {"flops": flops, "bytes_weights": weights, "bytes_kv_read": read, "bytes_kv_write": write,
-            "intensity": flops / (weights + read + write)}
-
-
-def schedule(decoding, prefilling, chunk_size, token_budget):
-    plan = [(rid, 1) for rid in decoding]
-    left = chunk_size if token_budget is None else min(chunk_size, token_budget - len(decoding))
-    for rid, tokens_left in prefilling:
-        if left <= 0:
-            break
-        plan.append((rid, min(tokens_left, left)))
-        left -= min(tokens_left, left)
-    return plan
-
-
-def stream_metrics(arrival, times):
-    itl = [b - a for a, b in zip(times, times[1:])]
-    return {"ttft": times[0] - arrival, "tpot": sum(itl) / len(itl) if itl else None, "itl": itl}
-
-
-def prefill_steps(prompt_len, chunk_size, num_decoding, token_budget):
-    per_step = chunk_size if token_budget is None else min(chunk_size, token_budget - num_decoding)
-    return math.ceil(prompt_len / per_step)
-
-
-def equal_work(prompt_len, chunk_size, break_even):
-    return _equal_work_with(prompt_len, chunk_size, lambda m: m * break_even + m * (m + 1) // 2)
-
-
-def _equal_work_with(prompt_len, chunk_size, work):
-    num_chunks, total = math.ceil(prompt_len / chunk_size), work(prompt_len)
-    ends = []
-    for k in range(1, num_chunks):
-        m = ends[-1] if ends else 0
-        while work(m) * num_chunks < k * total:
-            m += 1
-        ends.append(m)
-    return [b - a for a, b in zip([0] + ends, ends + [prompt_len])]
-
-
-def _rounded_down(prompt_len, chunk_size, break_even):
-    # boundary = the LAST m whose work stays below the share: one token short
-    sizes = equal_work(prompt_len, chunk_size, break_even)
-    ends = [sum(sizes[:i + 1]) for i in range(len(sizes))]
-    ends = [e - 1 if 0 < i < len(ends) - 1 or (i == 0 and len(ends) > 1) else e for i, e in enumerate(ends)]
-    return [b - a for a, b in zip([0] + ends, ends)]
-
-
 def choose(rows, slo_ms):
     ok = [r for r in rows if r["itl_max_s"] * 1e3 <= slo_ms]
     size = lambda r: math.inf if r["chunk_size"] == "off" else r["chunk_size"]
     return min(ok, key=lambda r: (r["long_ttft_s"], size(r)))["chunk_size"] if ok else None
-
-
-def expected_ttft(model, hardware, prompt_len, chunk_size, num_decoders, ctx):
-    total, done, k = 0.0, 0, 0
-    while done < prompt_len:
-        n = min(chunk_size, prompt_len - done)
-        step = [(n, done, done + n == prompt_len)] + [(1, ctx + k, True)] * num_decoders
-        total += predict_step(model, step, hardware).total
-        done, k = done + n, k + 1
-    return total
-
-
-def goodput(outputs, ttft_slo_s, tpot_slo_s):
-    done = [o for o in outputs if o.finished]
-    span = max(o.metrics.finish_time for o in done) - min(o.metrics.arrival_time for o in done)
-    good = [o for o in done if o.metrics.ttft <= ttft_slo_s and (o.metrics.tpot is None or o.metrics.tpot <= tpot_slo_s)]
-    return len(good) / span
-
-
-def _ttft_then_size(row):
-    return row["long_ttft_s"], math.inf if row["chunk_size"] == "off" else row["chunk_size"]
-
-
-def _span(outputs):
-    return max(o.metrics.finish_time for o in outputs) - min(o.metrics.arrival_time for o in outputs)
-
-
-def decode_floor(cfg, hw, dtype_bytes=2):
-    return cfg.num_parameters() * dtype_bytes / hw.mem_bandwidth_bytes_s
 
 
 def _engine_metrics(arrival, times):
@@ -571,18 +472,6 @@ CASES = {
 }
 
 
-def _skips_big_prompt(decoding, prefilling, chunk_size, token_budget):
-    """Packs whichever prompts fit whole: not first come, first served."""
-    plan, left = [(rid, 1) for rid in decoding], chunk_size
-    if token_budget is not None:
-        left = min(left, token_budget - len(decoding))
-    for rid, tokens_left in prefilling:
-        if tokens_left <= left:
-            plan.append((rid, tokens_left))
-            left -= tokens_left
-    return plan
-
-
 def _chapter_merge(out_a, lse_a, out_b, lse_b):
     """Chapter 1's printed merge_attention, transcribed."""
     lse = torch.logaddexp(lse_a, lse_b)
@@ -682,24 +571,9 @@ def _engine_gather(k_cache, table, num_tokens):
     return cache.gather(table, num_tokens)[0, 0]
 
 
-def _traffic_from(cost):
-    return {"flops": cost.flops, "bytes_weights": cost.bytes_weights, "bytes_kv_read": cost.bytes_kv_read,
-            "bytes_kv_write": cost.bytes_kv_write, "intensity": cost.intensity}
-
-
 def _ref04():
     from minillm.grading._reference import ch04
     return ch04
-
-
-def _ref06():
-    from minillm.grading._reference import ch06
-    return ch06
-
-
-def _ref07():
-    from minillm.grading._reference import ch07
-    return ch07
 
 
 def test_the_package_exports_only_checkers_and_every_one_is_tested():
