@@ -11,6 +11,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:          # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(ROOT))
 
+# One process runs triton either interpreted or compiled, chosen when triton is first
+# imported; torch.compile (the compile-probe bench's test) imports it too. Importing the
+# kernel module first makes the choice the kernel's (the interpreter where there is no
+# GPU), whatever order the tests run in.
+import minillm.kernels.triton_attention  # noqa: E402,F401
+
 # Small shapes with grouped-query attention (4 query heads share 2 KV heads).
 TINY_HF_SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
