@@ -203,7 +203,9 @@ def test_full_waiting_queue_is_refused_at_once_and_sigterm_exits_0():
     try:
         async def run():
             async with httpx.AsyncClient(timeout=120) as client:
-                body = {"prompt": "x", "max_tokens": 400, "ignore_eos": True, "stream": True}
+                # 4000 tokens: the first request still runs however slow or fast the machine is;
+                # leaving its stream below disconnects it (aborted), which frees the slot
+                body = {"prompt": "x", "max_tokens": 4000, "ignore_eos": True, "stream": True}
                 async with client.stream("POST", s.url + "/v1/completions", json=body) as running:
                     async for line in running.aiter_lines():     # the first request is running...
                         if line.startswith("data: "):
@@ -214,7 +216,7 @@ def test_full_waiting_queue_is_refused_at_once_and_sigterm_exits_0():
                         await asyncio.sleep(0.01)                  # ...and the second waits
                     refused = await client.post(s.url + "/v1/completions", json={"prompt": "z", "max_tokens": 2})
                     still_running = not waiting.done()
-                    return refused, still_running, await waiting
+                return refused, still_running, await waiting
         refused, still_running, waited = asyncio.run(run())
         assert refused.status_code == 429 and refused.json()["error"]["code"] == "429"
         assert refused.headers["retry-after"] == "1"
