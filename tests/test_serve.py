@@ -3,8 +3,10 @@
 One server process serves most tests (module fixture); the queue-bound and
 SIGTERM tests start their own. Nothing here asserts a wall time: the machine
 is shared. Assertions are on what load cannot change: token ids, counts,
-status codes, error shapes, the order of events, and inequalities that
-causality fixes (a client's TTFT contains the engine's).
+status codes, error shapes, the order of events, inequalities that
+causality fixes (a client's TTFT contains the engine's), and one same-run ratio:
+the same requests timed by the client and by the engine (marked `timing`, so
+tests/test_busy_machine.py runs it again beside a busy loop per core).
 """
 import asyncio
 import json
@@ -179,22 +181,28 @@ def test_64_streams_a_quarter_disconnected_the_rest_exact_no_block_leaked(server
     assert after["minillm:num_requests_running"] == 0 and after["minillm:num_requests_waiting"] == 0
 
 
+@pytest.mark.timing
 def test_bench_client_agrees_with_the_engine_stamps_of_the_same_requests(server):
-    result = benchmark(server.url, num_prompts=8, input_len=64, output_len=24, max_concurrency=8,
+    # 512-token prompts: a first token takes long enough (hundreds of ms on a quiet machine,
+    # seconds on a busy one) that HTTP's few milliseconds are a small part of it
+    result = benchmark(server.url, num_prompts=8, input_len=512, output_len=32, max_concurrency=8,
                        compare_engine=True, seed=1, goodput=["ttft:60000", "tpot:60000"])
     assert result["completed"] == 8 and result["failed"] == 0
     stamps = {s["id"]: s for s in httpx.get(server.url + "/debug/requests").json()["requests"]}
     for rec in result["requests"]:
         engine = stamps[rec["response_id"]]
         # one chunk per token, and the client counts what the engine made
-        assert len(rec["chunk_times"]) == rec["output_tokens"] == engine["completion_tokens"] == 24
+        assert len(rec["chunk_times"]) == rec["output_tokens"] == engine["completion_tokens"] == 32
         # the client's interval contains the engine's: POST before arrival, first chunk after the token
         assert rec["ttft"] >= engine["ttft"] and rec["latency"] >= engine["token_times"][-1] - engine["arrival_time"]
     cmp = result["engine_comparison"]
-    print(f"client/engine, same run: TTFT {cmp['ttft_ratio']:.3f}, TPOT {cmp['tpot_ratio']:.3f}")
-    assert cmp["ttft_ratio"] >= 1.0
-    # 23 gaps: the client's TPOT moves from the engine's only by the jitter of two deliveries
-    assert 0.5 < cmp["tpot_ratio"] < 2.0
+    print(f"client/engine, same run: TTFT {cmp['ttft_ratio']:.3f}, TPOT {cmp['tpot_ratio']:.3f}, "
+          f"ITL {cmp['itl_ratio']:.3f}")
+    # the same requests seen from both ends agree within 10% (measured: TTFT x1.02, TPOT and
+    # ITL x1.00, quiet and with two busy loops); the client's TTFT contains the engine's
+    assert 1.0 <= cmp["ttft_ratio"] <= 1.10
+    # 31 gaps: the client's TPOT and ITL move from the engine's only by the jitter of deliveries
+    assert 0.90 <= cmp["tpot_ratio"] <= 1.10 and 0.90 <= cmp["itl_ratio"] <= 1.10
     assert result["goodput"] == pytest.approx(8 / result["duration_s"])
 
 

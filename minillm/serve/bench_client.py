@@ -266,6 +266,12 @@ async def _engine_comparison(client, base: str, records) -> dict | None:
         out.update(client_mean_tpot_ms=1e3 * mean([c for c, _ in both_tpot]),
                    engine_mean_tpot_ms=1e3 * mean([e for _, e in both_tpot]),
                    tpot_ratio=mean([c for c, _ in both_tpot]) / mean([e for _, e in both_tpot]))
+    # every gap between two chunks against every gap between two of the engine's token stamps
+    client_itl = [g for rec, _ in pairs for g in rec.itl]
+    engine_itl = [b - a for _, s in pairs for a, b in zip(s["token_times"], s["token_times"][1:])]
+    if client_itl and engine_itl and mean(engine_itl) > 0:
+        out.update(client_mean_itl_ms=1e3 * mean(client_itl), engine_mean_itl_ms=1e3 * mean(engine_itl),
+                   itl_ratio=mean(client_itl) / mean(engine_itl))
     return out
 
 
