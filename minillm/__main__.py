@@ -10,6 +10,9 @@ commands:
         [--out DIR]                                    benchmarks on this device
   bench serve --base-url URL [...]                     measure any OpenAI-compatible server from
                                                        the client, as `vllm bench serve` does
+  bench serve --server "minillm FLAGS" --server "llama.cpp -b N" [...]
+                                                       start each server in turn, same workload,
+                                                       one table (minillm beside llama.cpp)
   serve [--model tiny|smollm2-135m-instruct|FILE.gguf] [--port 8000] [--policy chunked]
         [--max-num-batched-tokens N] [--long-prefill-token-threshold N] [--max-num-seqs N]
         [--max-waiting N]                              an OpenAI-compatible server (see serve --help)
@@ -28,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
         from .serve.cli import main as serve_main
         return serve_main(rest)
     if command == "bench" and rest[:1] == ["serve"]:     # before the book's benchmarks
+        if any(word == "--server" or word.startswith("--server=") for word in rest):
+            from .serve.side_by_side import main as side_by_side_main
+            return side_by_side_main(rest[1:])
         from .serve.bench_client import main as bench_serve_main
         return bench_serve_main(rest[1:])
     if command == "bench":

@@ -233,3 +233,28 @@ def test_full_waiting_queue_is_refused_at_once_and_sigterm_exits_0():
     finally:
         exit_code = s.stop()
     assert exit_code == 0, "SIGTERM: stop accepting, finish or abort what runs, exit 0"
+
+
+def test_side_by_side_runs_each_server_alone_on_the_same_prompts():
+    from minillm.serve.side_by_side import run_side_by_side
+    specs = ["minillm --model tiny --policy prefill_first", "minillm --model tiny --max-num-batched-tokens 64"]
+    rows = run_side_by_side(specs, workload="interference", num_streams=2, input_len=16, output_len=12,
+                            long_prompt_len=256, long_output_len=2, long_after_tokens=4, seed=0)
+    assert [r["server"] for r in rows] == specs
+    assert all(r["completed"] == 3 and r["failed"] == 0 for r in rows)
+    # the same seed: the same prompts, token for token, sent to each server
+    prompts = [{q["tag"]: q["prompt_tokens"] for q in r["result"]["requests"]} for r in rows]
+    assert prompts[0] == prompts[1] and abs(prompts[0]["long"] - 256) <= 2     # fitted by /tokenize
+    assert all(r["itl_max_ms"] >= r["itl_p99_ms"] >= r["itl_p50_ms"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("spec, match", [("vllm serve x", "must start with one of"),
+                                         ("llama.cpp --mlock", "not known here"),
+                                         ("llama.cpp -b many", "llama.cpp flags")])
+def test_side_by_side_refuses_a_bad_server_spec_naming_it(spec, match):
+    from minillm.__main__ import main
+    from minillm.serve.side_by_side import LlamaServer, parse_server_spec
+    with pytest.raises(ValueError, match=match):
+        kind, flags = parse_server_spec(spec)
+        LlamaServer(flags)
+    assert main(["bench", "serve", "--server", spec, "--num-prompts", "0"]) == 2

@@ -179,13 +179,18 @@ async def stream_one(client, url: str, body: dict, record: RequestRecord, on_chu
 
 
 async def _count_tokens(client, base_url: str, model: str, text: str) -> int | None:
-    """Tokens in text by the server's /tokenize (vLLM's shape), None if it has none."""
-    try:
-        r = await client.post(base_url + "/tokenize", json={"model": model, "prompt": text}, timeout=30)
-        if r.status_code == 200 and r.json().get("count"):
-            return int(r.json()["count"])
-    except Exception:                                 # noqa: BLE001 -- not every server has /tokenize
-        pass
+    """Tokens in text by the server's /tokenize, None if it has none. vLLM's shape
+    ({"prompt"} -> {"count"}) first, then llama.cpp's ({"content"} -> {"tokens"}, its
+    tools/server README), so both servers get prompts of the same length in tokens."""
+    for body, read in (({"model": model, "prompt": text}, lambda j: j.get("count")),
+                       ({"content": text}, lambda j: len(j["tokens"]) if isinstance(j.get("tokens"), list) else None)):
+        try:
+            r = await client.post(base_url + "/tokenize", json=body, timeout=30)
+            count = read(r.json()) if r.status_code == 200 else None
+            if count:
+                return int(count)
+        except Exception:                             # noqa: BLE001 -- not every server has /tokenize
+            pass
     return None
 
 
