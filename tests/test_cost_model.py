@@ -120,3 +120,33 @@ def test_gemm_tiling_counts_tiles_and_waves():
     assert "waves on 132 SMs" in t.describe()
     with pytest.raises(ValueError, match="m=0"):
         cost_model.gemm_tiling(0, 4096, 4096, "H100-SXM")
+
+
+def test_one_row_count_and_an_array_of_them_cost_the_same():
+    """layer_linear_times_s takes one M or a numpy array of them (the fit's fast path):
+    the same formula, the same seconds, 0 rows cost nothing."""
+    import numpy as np
+    rows = np.array([0, 1, 64, 128, 129, 520, 2112, 4096])
+    for name in ("A100-80GB", "H100-SXM"):
+        hw = cost_model.gpu_profile(name)
+        many = cost_model.layer_linear_times_s(LLAMA3, rows, hw)
+        for i, m in enumerate(rows):
+            one = cost_model.layer_linear_times_s(LLAMA3, int(m), hw)
+            assert all(one[op] == pytest.approx(float(many[op][i]), rel=1e-12, abs=0) for op in one), (name, m)
+    assert cost_model.layer_linear_times_s(LLAMA3, 0, hw)["mlp"] == 0.0
+
+
+def test_the_largest_tile_is_taken_once_it_fills_the_gpu():
+    """gemm_tiling's rule: the largest tile once it makes gemm_fill_waves waves, even when
+    its partial wave costs more than a smaller tile; with fewer tiles, the fastest."""
+    hw = cost_model.gpu_profile("H100-SXM").replace(
+        gemm_tiles=((64, 64, 0.7, 0.0), (128, 256, 0.7, 1.0)), gemm_fill_waves=1.0)
+    # [M, 8192] x [8192, 8192]: 32 column tiles of 256, so 128x256 fills 132 SMs from 5 row tiles
+    assert cost_model.gemm_tiling(512, 8192, 8192, hw).tile_m == 64          # 128 big tiles: < 132
+    past = cost_model.gemm_tiling(520, 8192, 8192, hw)
+    assert (past.tile_m, past.tile_n, past.tiles) == (128, 256, 160)
+    # the big tile's second wave is nearly empty: taking it costs more than the small tile
+    small = hw.replace(gemm_tiles=((64, 64, 0.7, 0.0),))
+    assert cost_model.gemm_time_s(520, 8192, 8192, hw) > cost_model.gemm_time_s(520, 8192, 8192, small)
+    never = hw.replace(gemm_fill_waves=100.0)                                 # then always the fastest
+    assert cost_model.gemm_tiling(520, 8192, 8192, never).tile_m == 64

@@ -10,8 +10,11 @@ the GEMMs of a serving step, because real kernels:
   (`Hardware.bandwidth_efficiency`);
 * sustain a fraction of the datasheet peak when M is large
   (`Hardware.gemm_efficiency`);
-* compute in tiles: M and N are padded up to the tile (`gemm_tile_m`,
-  `gemm_tile_n`), so 129 tokens cost what 192 do on a 64-row tile;
+* compute in tiles: M and N are padded up to the tile, and the tiles run in
+  waves over the SMs (a partial last wave costs part of a whole one). The GEMM
+  library picks the kernel by shape, from `Hardware.tiles`: the largest tile
+  once it fills the GPU (`gemm_fill_waves` waves), else the fastest
+  (`gemm_tiling`), so 129 tokens can cost what 256 do;
 * overlap compute and memory only partly near the ridge: the two times are
   blended as (t_c^p + t_m^p)^(1/p) (`overlap_exponent` p; p = 1 adds them,
   p -> infinity is the roofline's max);
@@ -31,6 +34,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from .accounting import OPS, _check_cfg, dtype_bytes_on, normalize_step, step_cost
 from ..config import ModelConfig
@@ -57,12 +62,28 @@ class StepTime:
 
 
 # ---- one kernel --------------------------------------------------------------
+# The GEMM formulas below take M (tokens) as one number, for a step, or as a numpy
+# array of them, for the fit in op_profiles (hundreds of rows per guess): the same
+# formula either way, the scalar path in plain Python because a simulation asks it
+# once per operator per step.
 
-def _blend(t_compute_s: float, t_memory_s: float, p: float) -> float:
+def _ceil(x):
+    return np.ceil(x) if isinstance(x, np.ndarray) else math.ceil(x)
+
+
+def _maximum(a, b):
+    return np.maximum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else max(a, b)
+
+
+def _minimum(a, b):
+    return np.minimum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else min(a, b)
+
+
+def _blend(t_compute_s, t_memory_s, p: float):
     if p >= 1e6:
-        return max(t_compute_s, t_memory_s)
-    hi = max(t_compute_s, t_memory_s)
-    if hi == 0:
+        return _maximum(t_compute_s, t_memory_s)
+    hi = _maximum(t_compute_s, t_memory_s)
+    if not isinstance(hi, np.ndarray) and hi == 0:
         return 0.0
     # scaled to avoid overflow for large p
     return hi * ((t_compute_s / hi) ** p + (t_memory_s / hi) ** p) ** (1.0 / p)
@@ -98,33 +119,72 @@ class GemmTiling:
         return text
 
 
-def _tile_compute_s(m, k, n, tile_m, tile_n, efficiency, hw) -> tuple[int, int, float]:
-    row_tiles, col_tiles = math.ceil(m / tile_m), math.ceil(n / tile_n)
+def _tile_compute_s(m, k, n, tile_m, tile_n, efficiency, wave_quantization, hw):
+    """(row tiles, column tiles, seconds) of the tile kernel (tile_m, tile_n) on [m, k] x [k, n]."""
+    row_tiles, col_tiles = _ceil(m / tile_m), math.ceil(n / tile_n)
     tile_flops = 2 * tile_m * tile_n * k
     if hw.num_sms:
         # Each SM computes one tile at a time: the work is the waves, a partial last
         # wave charged between its share (0) and a whole wave (1).
         waves = row_tiles * col_tiles / hw.num_sms
-        waves += hw.wave_quantization * (math.ceil(waves) - waves)
+        waves = waves + wave_quantization * (_ceil(waves) - waves)
         work_flops = waves * hw.num_sms * tile_flops
     else:
         work_flops = row_tiles * col_tiles * tile_flops      # partial tiles cost whole ones
     return row_tiles, col_tiles, work_flops / (hw.peak_flops_s * efficiency)
 
 
+def _kernels(m, k, n, hw, dtype_bytes):
+    """Each tile kernel of hw.tiles on this GEMM, the largest tile first:
+    [(tile, row tiles, column tiles, compute s, blended s with the memory time)]."""
+    t_memory_s = _gemm_memory_s(m, k, n, hw, dtype_bytes)
+    out = []
+    for tile in sorted(hw.tiles, key=lambda t: -t[0] * t[1]):
+        rows, cols, t_compute_s = _tile_compute_s(m, k, n, *tile, hw)
+        out.append((tile, rows, cols, t_compute_s, _blend(t_compute_s, t_memory_s, hw.overlap_exponent)))
+    return out
+
+
+def _fills_the_gpu(rows, cols, hw):
+    """Enough tiles for hw.gemm_fill_waves waves over the SMs."""
+    return rows * cols >= hw.gemm_fill_waves * hw.num_sms
+
+
+def _chosen_time_s(kernels, hw):
+    """The time of the kernel a GEMM library runs (see gemm_tiling), for one M or an array."""
+    fastest = kernels[0][4]
+    for *_, t in kernels[1:]:
+        fastest = _minimum(fastest, t)
+    if not hw.num_sms:
+        return fastest
+    if not isinstance(fastest, np.ndarray):
+        return next((t for _, rows, cols, _, t in kernels if _fills_the_gpu(rows, cols, hw)), fastest)
+    time_s, decided = fastest.copy(), np.zeros(fastest.shape, dtype=bool)
+    for _, rows, cols, _, t in kernels:
+        takes = _fills_the_gpu(rows, cols, hw) & ~decided
+        time_s[takes] = t[takes]
+        decided |= takes
+    return time_s
+
+
 def gemm_tiling(m: int, k: int, n: int, hardware, dtype_bytes: int = 2) -> GemmTiling:
-    """The tile kernel an [m, k] x [k, n] GEMM runs with on `hardware` (the fastest of
-    Hardware.tiles for this shape, as a GEMM library's heuristic picks) and its waves."""
+    """The tile kernel an [m, k] x [k, n] GEMM runs with on `hardware`, and its waves.
+
+    The choice, as a GEMM library's heuristic makes it (cuBLAS picks from a table of
+    kernels by shape, not by timing each): the LARGEST tile of Hardware.tiles whose
+    tiles fill the GPU (at least one wave over the SMs), because a large tile reuses
+    each operand load over more outputs; only when no tile fills it (a small M), the
+    fastest. So the large tile is taken even when its partial last wave costs more
+    than a smaller tile would: the GPU's measured drops in speed, just past a full
+    wave, come from that (e.g. 512 -> 520 rows of an [., 8192] x [8192, 8192] GEMM
+    on the H100). On a CPU (num_sms 0): the fastest.
+    """
     hw = gpu_profile(hardware)
     m, k, n = (_positive(name, v) for name, v in (("m", m), ("k", k), ("n", n)))
-    t_memory_s = _gemm_memory_s(m, k, n, hw, dtype_bytes)
-    best = None
-    for tile_m, tile_n, efficiency in hw.tiles:
-        rows, cols, t_compute_s = _tile_compute_s(m, k, n, tile_m, tile_n, efficiency, hw)
-        t = _blend(t_compute_s, t_memory_s, hw.overlap_exponent)
-        if best is None or t < best[0]:
-            best = (t, GemmTiling(m, n, tile_m, tile_n, efficiency, rows, cols, hw.num_sms, t_compute_s))
-    return best[1]
+    kernels = _kernels(m, k, n, hw, dtype_bytes)
+    t = _chosen_time_s(kernels, hw)
+    tile, rows, cols, t_compute_s, _ = next(kern for kern in kernels if kern[4] == t)
+    return GemmTiling(m, n, tile[0], tile[1], tile[2], rows, cols, hw.num_sms, t_compute_s)
 
 
 def _positive(name, value) -> int:
@@ -133,47 +193,51 @@ def _positive(name, value) -> int:
     return value
 
 
-def _gemm_memory_s(m, k, n, hw, dtype_bytes) -> float:
+def _gemm_memory_s(m, k, n, hw, dtype_bytes):
     bytes_moved = (k * n + m * k + m * n) * dtype_bytes
     return bytes_moved / (hw.mem_bandwidth_bytes_s * hw.bandwidth_efficiency)
 
 
-def gemm_time_s(m: int, k: int, n: int, hw: Hardware, dtype_bytes: int = 2) -> float:
+def gemm_time_s(m, k: int, n: int, hw: Hardware, dtype_bytes: int = 2):
     """[m, k] x [k, n] with an [k, n] weight: seconds on hw.
 
     Compute: the tiles (M and N padded to the tile) in waves over the SMs, at the
     tile kernel's efficiency; memory: weights, input and output at the streaming
-    bandwidth; blended (see _blend), the fastest tile kernel of hw.tiles wins.
+    bandwidth; blended (see _blend); the kernel is the one gemm_tiling chooses.
+    m: tokens, one number or a numpy array of them (then an array of seconds).
     """
-    if m == 0:
+    if not isinstance(m, np.ndarray) and m == 0:
         return 0.0
-    t_memory_s = _gemm_memory_s(m, k, n, hw, dtype_bytes)
-    t = min(_blend(_tile_compute_s(m, k, n, tm, tn, eff, hw)[2], t_memory_s, hw.overlap_exponent)
-            for tm, tn, eff in hw.tiles)
-    return max(t + hw.kernel_launch_s, hw.kernel_floor_s)
+    t = _chosen_time_s(_kernels(m, k, n, hw, dtype_bytes), hw)
+    t = _maximum(t + hw.kernel_launch_s, hw.kernel_floor_s)
+    return np.where(m == 0, 0.0, t) if isinstance(m, np.ndarray) else t
 
 
-def elementwise_time_s(bytes_moved: int, hw: Hardware) -> float:
+def elementwise_time_s(bytes_moved, hw: Hardware):
     """A memory-bound kernel (activation, norm, residual add): bytes over bandwidth.
 
     With hw.elementwise_efficiency set (the GPUs, fitted to their measured norms,
     RoPE, residual adds and activation): bytes over that fraction of bandwidth,
     never under elementwise_floor_s. Else the weight-streaming efficiency plus a
-    launch cost (a calibrated CPU)."""
-    if bytes_moved == 0:
+    launch cost (a calibrated CPU). bytes_moved: one number or a numpy array."""
+    if not isinstance(bytes_moved, np.ndarray) and bytes_moved == 0:
         return 0.0
     if hw.elementwise_efficiency is not None:
-        return max(bytes_moved / (hw.mem_bandwidth_bytes_s * hw.elementwise_efficiency), hw.elementwise_floor_s)
-    t = bytes_moved / (hw.mem_bandwidth_bytes_s * hw.bandwidth_efficiency) + hw.kernel_launch_s
-    return max(t, hw.kernel_floor_s)
+        t = _maximum(bytes_moved / (hw.mem_bandwidth_bytes_s * hw.elementwise_efficiency),
+                     hw.elementwise_floor_s)
+    else:
+        t = _maximum(bytes_moved / (hw.mem_bandwidth_bytes_s * hw.bandwidth_efficiency) + hw.kernel_launch_s,
+                     hw.kernel_floor_s)
+    return np.where(bytes_moved == 0, 0.0, t) if isinstance(bytes_moved, np.ndarray) else t
 
 
-def layer_linear_times_s(cfg: ModelConfig, num_tokens: int, hw: Hardware,
-                         dtype_bytes: int = 2) -> dict[str, float]:
+def layer_linear_times_s(cfg: ModelConfig, num_tokens, hw: Hardware,
+                         dtype_bytes: int = 2) -> dict:
     """Seconds of ONE layer's linear operators for num_tokens packed tokens.
 
     Keys match the profile files: qkv_proj, o_proj, mlp_gate_up_proj, mlp_act,
-    mlp_down_proj, and mlp = gate_up + act + down.
+    mlp_down_proj, and mlp = gate_up + act + down. num_tokens: one count, or a
+    numpy array of counts (each value then an array: op_profiles fits this way).
     """
     d, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
     times = {
@@ -181,7 +245,7 @@ def layer_linear_times_s(cfg: ModelConfig, num_tokens: int, hw: Hardware,
         "o_proj": gemm_time_s(num_tokens, q, d, hw, dtype_bytes),
         "mlp_gate_up_proj": gemm_time_s(num_tokens, d, 2 * inter, hw, dtype_bytes),
         # SiLU(gate) * up: read [T, 2I], write [T, I]
-        "mlp_act": elementwise_time_s(num_tokens * 3 * inter * dtype_bytes, hw) if num_tokens else 0.0,
+        "mlp_act": elementwise_time_s(num_tokens * 3 * inter * dtype_bytes, hw),
         "mlp_down_proj": gemm_time_s(num_tokens, inter, d, hw, dtype_bytes),
     }
     times["mlp"] = times["mlp_gate_up_proj"] + times["mlp_act"] + times["mlp_down_proj"]

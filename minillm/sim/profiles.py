@@ -61,10 +61,14 @@ class Hardware:
     per_seq_overhead_s: float = 0.0      # per request in the step (a CPU attention loops over them)
     # ---- a GPU's GEMM tiles and waves, CUDA graphs and host launches (cost_model) ----
     num_sms: int = 0                     # streaming multiprocessors; 0: no waves, no CUDA graphs (a CPU)
-    # (tile_m, tile_n, efficiency) kernels the GEMM library picks from (the fastest for the
-    # shape wins); () : the one tile (gemm_tile_m, gemm_tile_n, gemm_efficiency)
+    # (tile_m, tile_n, efficiency[, wave_quantization]) kernels the GEMM library picks from
+    # (cost_model.gemm_tiling says how); () : the one tile (gemm_tile_m, gemm_tile_n,
+    # gemm_efficiency). A kernel without its own wave_quantization uses the field below.
     gemm_tiles: tuple = ()
     wave_quantization: float = 0.0      # 0: a partial last wave costs its share; 1: a whole wave
+    # the GEMM library takes the largest tile once it makes this many waves over the SMs
+    # (cost_model.gemm_tiling); below that for every tile, the fastest tile
+    gemm_fill_waves: float = 1.0
     # small memory-bound kernels (norms, RoPE, residual adds, the activation): their own
     # fraction of bandwidth and floor; None: bandwidth_efficiency plus kernel_launch_s
     elementwise_efficiency: float | None = None
@@ -78,10 +82,12 @@ class Hardware:
             check_real(arg, getattr(self, arg), 0, exclusive_minimum=True)
         check_real("wave_quantization", self.wave_quantization, 0, 1, hint="a fraction such as 0.5")
         for tile in self.gemm_tiles:
-            if (not isinstance(tile, tuple) or len(tile) != 3 or not all(int(t) == t and t >= 1 for t in tile[:2])
-                    or not 0 < tile[2] <= 1):
-                raise ValueError(f"gemm_tiles={self.gemm_tiles!r}: give (tile_m, tile_n, efficiency) triples, "
-                                 "tiles whole numbers >= 1, efficiency in (0, 1], e.g. ((128, 128, 0.7),)")
+            if (not isinstance(tile, tuple) or len(tile) not in (3, 4)
+                    or not all(int(t) == t and t >= 1 for t in tile[:2]) or not 0 < tile[2] <= 1
+                    or (len(tile) == 4 and not 0 <= tile[3] <= 1)):
+                raise ValueError(f"gemm_tiles={self.gemm_tiles!r}: give (tile_m, tile_n, efficiency) triples "
+                                 "or (tile_m, tile_n, efficiency, wave_quantization), tiles whole numbers >= 1, "
+                                 "efficiency in (0, 1], wave_quantization in [0, 1], e.g. ((128, 128, 0.7),)")
         for arg in ("gemm_efficiency", "attention_efficiency", "bandwidth_efficiency",
                     "attention_bandwidth_efficiency", "elementwise_efficiency"):
             check_real(arg, getattr(self, arg), 0, 1, exclusive_minimum=True, hint="a fraction such as 0.7",
@@ -91,8 +97,9 @@ class Hardware:
 
     @property
     def tiles(self) -> tuple:
-        """The (tile_m, tile_n, efficiency) GEMM kernels this profile picks from."""
-        return self.gemm_tiles or ((self.gemm_tile_m, self.gemm_tile_n, self.gemm_efficiency),)
+        """The (tile_m, tile_n, efficiency, wave_quantization) GEMM kernels this profile picks from."""
+        tiles = self.gemm_tiles or ((self.gemm_tile_m, self.gemm_tile_n, self.gemm_efficiency),)
+        return tuple(tuple(t) if len(t) == 4 else (*t, self.wave_quantization) for t in tiles)
 
     @property
     def has_cuda_graphs(self) -> bool:
@@ -127,13 +134,15 @@ class Hardware:
 
 
 _GB = 1e9
-# Kernel factors fitted to the Vidur operator profiles (op_profiles.fit_hardware_factors
-# from op_profiles.NEUTRAL_START, 800 trials, seed 0, every 2nd row of every file of the
-# GPU, rows 1-4096); the tile kernels are 64x64, 128x128 and 128x256 (the fastest for a
-# shape wins), each with its fitted fraction of peak, in waves over the SMs. The
-# A100-40GB shares the A100-80GB's chip, the H200 the H100's: their factors are carried
-# over, not fitted. The legacy gemm_* fields are the 128x128 kernel (for readers that
-# want one tile).
+# Kernel factors fitted to the Vidur operator profiles: for each GPU,
+#   op_profiles.fit_hardware_factors(<every file of the GPU>,
+#       gpu_profile(name).replace(**op_profiles.NEUTRAL_START), trials=1800, seed=0)
+# (every row, rows 1-4096; rounded to 3 digits). The tile kernels are 64x64, 128x128 and
+# 128x256, each with its fitted fraction of peak and wave quantization; the GEMM takes the
+# largest tile once it makes gemm_fill_waves waves over the SMs, else the fastest
+# (cost_model.gemm_tiling). The A100-40GB shares the A100-80GB's chip, the H200 the
+# H100's: their factors are carried over, not fitted. The legacy gemm_* fields are the
+# 128x128 kernel (for readers that want one tile).
 # Host side (ASSUMED, not fitted: the files hold no whole steps): 2 ms of host work per
 # step (scheduling, input preparation, sampling, outputs), 10 us of host time per kernel
 # launched eagerly (PyTorch's dispatch), 10 us per CUDA-graph replay.
@@ -142,15 +151,15 @@ _HOST = dict(step_overhead_s=2e-3, host_launch_s=10e-6, graph_launch_s=10e-6)
 # norms + RoPE + residual add and the activation: a fraction of bandwidth and a 4 us floor,
 # no per-kernel launch on top (in-stream launches overlap the previous kernel).
 # Median |error| 6.9% (A100), 9.1% (H100).
-_A100_FIT = dict(gemm_tiles=((64, 64, 0.681), (128, 128, 0.719), (128, 256, 0.736)), wave_quantization=0.31,
-                 gemm_efficiency=0.719, gemm_tile_m=128, gemm_tile_n=128, num_sms=108,
-                 attention_efficiency=0.5, bandwidth_efficiency=0.869, overlap_exponent=2.37,
-                 kernel_launch_s=5.05e-6, kernel_floor_s=1.19e-6, elementwise_efficiency=0.46,
+_A100_FIT = dict(gemm_tiles=((64, 64, 0.716, 0.552), (128, 128, 0.753, 0.319), (128, 256, 0.752, 0.236)),
+                 gemm_fill_waves=1.69, gemm_efficiency=0.753, gemm_tile_m=128, gemm_tile_n=128, num_sms=108,
+                 attention_efficiency=0.5, bandwidth_efficiency=0.827, overlap_exponent=4.61,
+                 kernel_launch_s=6.54e-6, kernel_floor_s=6.3e-7, elementwise_efficiency=0.46,
                  elementwise_floor_s=4e-6, **_HOST)
-_H100_FIT = dict(gemm_tiles=((64, 64, 0.648), (128, 128, 0.701), (128, 256, 0.663)), wave_quantization=0.343,
-                 gemm_efficiency=0.701, gemm_tile_m=128, gemm_tile_n=128, num_sms=132,
-                 attention_efficiency=0.5, bandwidth_efficiency=0.967, overlap_exponent=2.14,
-                 kernel_launch_s=4.68e-06, kernel_floor_s=7.2e-07, elementwise_efficiency=0.54,
+_H100_FIT = dict(gemm_tiles=((64, 64, 0.653, 0.866), (128, 128, 0.845, 0.686), (128, 256, 0.717, 0.244)),
+                 gemm_fill_waves=1.12, gemm_efficiency=0.845, gemm_tile_m=128, gemm_tile_n=128, num_sms=132,
+                 attention_efficiency=0.5, bandwidth_efficiency=0.910, overlap_exponent=3.83,
+                 kernel_launch_s=6.16e-06, kernel_floor_s=2.3e-07, elementwise_efficiency=0.54,
                  elementwise_floor_s=4e-6, **_HOST)
 
 PROFILES: dict[str, Hardware] = {
