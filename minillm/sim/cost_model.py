@@ -152,13 +152,17 @@ def _fills_the_gpu(rows, cols, hw):
 
 def _chosen_time_s(kernels, hw):
     """The time of the kernel a GEMM library runs (see gemm_tiling), for one M or an array."""
+    if not isinstance(kernels[0][4], np.ndarray):          # one M: the first that fills, else the fastest
+        if hw.num_sms:
+            for _, rows, cols, _, t in kernels:
+                if _fills_the_gpu(rows, cols, hw):
+                    return t
+        return min(t for *_, t in kernels)
     fastest = kernels[0][4]
     for *_, t in kernels[1:]:
-        fastest = _minimum(fastest, t)
+        fastest = np.minimum(fastest, t)
     if not hw.num_sms:
         return fastest
-    if not isinstance(fastest, np.ndarray):
-        return next((t for _, rows, cols, _, t in kernels if _fills_the_gpu(rows, cols, hw)), fastest)
     time_s, decided = fastest.copy(), np.zeros(fastest.shape, dtype=bool)
     for _, rows, cols, _, t in kernels:
         takes = _fills_the_gpu(rows, cols, hw) & ~decided
@@ -206,11 +210,18 @@ def gemm_time_s(m, k: int, n: int, hw: Hardware, dtype_bytes: int = 2):
     bandwidth; blended (see _blend); the kernel is the one gemm_tiling chooses.
     m: tokens, one number or a numpy array of them (then an array of seconds).
     """
-    if not isinstance(m, np.ndarray) and m == 0:
+    if isinstance(m, np.ndarray):
+        t = np.maximum(_chosen_time_s(_kernels(m, k, n, hw, dtype_bytes), hw) + hw.kernel_launch_s,
+                       hw.kernel_floor_s)
+        return np.where(m == 0, 0.0, t)
+    if m == 0:
         return 0.0
-    t = _chosen_time_s(_kernels(m, k, n, hw, dtype_bytes), hw)
-    t = _maximum(t + hw.kernel_launch_s, hw.kernel_floor_s)
-    return np.where(m == 0, 0.0, t) if isinstance(m, np.ndarray) else t
+    memo = hw.gemm_seconds_memo
+    key = (m, k, n, dtype_bytes)
+    if key not in memo:
+        memo[key] = max(_chosen_time_s(_kernels(m, k, n, hw, dtype_bytes), hw) + hw.kernel_launch_s,
+                        hw.kernel_floor_s)
+    return memo[key]
 
 
 def elementwise_time_s(bytes_moved, hw: Hardware):

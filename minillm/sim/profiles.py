@@ -27,6 +27,7 @@ Datasheets (dense, no sparsity; bf16 = the Tensor Core BF16 figure):
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from functools import cached_property
 
 from ..validation import check_choice, check_real
 
@@ -95,11 +96,17 @@ class Hardware:
         # A name the widths do not know would count bytes at a guessed width.
         check_choice("dtype", self.dtype, DTYPE_WIDTHS, hint="the torch dtype's name without 'torch.'")
 
-    @property
+    @cached_property
     def tiles(self) -> tuple:
         """The (tile_m, tile_n, efficiency, wave_quantization) GEMM kernels this profile picks from."""
         tiles = self.gemm_tiles or ((self.gemm_tile_m, self.gemm_tile_n, self.gemm_efficiency),)
         return tuple(tuple(t) if len(t) == 4 else (*t, self.wave_quantization) for t in tiles)
+
+    @cached_property
+    def gemm_seconds_memo(self) -> dict:
+        """(m, k, n, dtype_bytes) -> seconds: cost_model.gemm_time_s remembers each GEMM shape
+        it priced on this (immutable) profile; a simulation asks for the same few thousand."""
+        return {}
 
     @property
     def has_cuda_graphs(self) -> bool:
