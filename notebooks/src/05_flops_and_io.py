@@ -139,7 +139,7 @@ for name in ("A100-40GB", "A100-80GB", "H100-SXM", "H200"):
 a100_floor_s = weights_bytes / a100.mem_bandwidth_bytes_s
 assert a100_floor_s > 5e-3
 # the numbers the next paragraph quotes
-assert all(1.4 < r < 1.8 for r in ratios.values())                          # "1.4-1.7x the floor"
+assert all(1.4 < r < 1.9 for r in ratios.values())                          # "1.5-1.9x the floor"
 assert round(weights_bytes / 1e9, 1) == 13.2 and round(a100_floor_s * 1e3, 1) == 6.5
 assert round((weights_bytes + embedding_bytes) / 1e9, 1) == 13.5
 assert round(weights_bytes / hardware.get_hardware("A100-40GB").mem_bandwidth_bytes_s * 1e3, 1) == 8.5
@@ -149,8 +149,9 @@ assert round(weights_bytes / hardware.get_hardware("A100-40GB").mem_bandwidth_by
 # embedding, which a step only gathers a row of per token) take at least 6.5 ms (80GB) or
 # 8.5 ms (40GB) to read, so "~5 ms" per decode step does not hold there. On an H100 or
 # H200 the floor is below 5 ms, so there the figure is possible. The cost model's step is
-# 1.4-1.7x the floor: real kernels stream the weights at 87-97% of the datasheet
-# bandwidth (fitted in section 5), and each of a layer's ~10 kernels takes a few
+# 1.5-1.9x the floor (the most on the H200, whose faster memory leaves the fixed costs a
+# bigger share): real kernels stream the weights at 83-91% of the datasheet bandwidth
+# (fitted in section 5), and each of a layer's ~10 kernels takes a few
 # microseconds however small its work (the measured per-operator times of section 5
 # show it: a one-token norm takes 5 us). The host costs nothing on top: a decode-only
 # step replays one CUDA graph (its ~400 kernels cost no launches: chapter 7, section 7),
@@ -321,7 +322,7 @@ for m in knee_rows:
 assert round(knee_ms[128], 3) == 0.377 and 0.505 < knee_ms[160] < 0.515         # quoted below
 assert knee_ms[128] < 1.2 * knee_ms[64] and knee_ms[160] > 1.3 * knee_ms[128]
 assert max(knee_ms[m] for m in (136, 144, 160, 192)) < 1.05 * knee_ms[256]      # 129-256 cost ~ 256
-assert abs(a100_model[128] / knee_ms[128] - 1) < 0.03 and a100_model[160] > 1.2 * a100_model[128]
+assert abs(a100_model[128] / knee_ms[128] - 1) < 0.06 and a100_model[160] > 1.2 * a100_model[128]   # quoted below
 
 # %% [markdown]
 # Up to 128 rows the step rides on the weight read: 1 to 64 rows cost within 20% of each other, 128 only
@@ -329,7 +330,8 @@ assert abs(a100_model[128] / knee_ms[128] - 1) < 0.03 and a100_model[160] > 1.2 
 # for +25% rows), and any M from 129 to 256 costs about what 256 does. That is the GEMM's
 # tiles: the library cuts M into tiles of 128 rows (and the output columns into tiles
 # too, run in waves over the A100's 108 SMs), and a partial tile costs a whole one. The
-# cost model's tiles and waves (fitted in section 5) put the knee in the same place.
+# cost model's tiles and waves (fitted in section 5) put the knee in the same place
+# (+41% from 128 to 160 rows against +35% measured), its level at 128 rows 5% low.
 #
 # **The tile rule.** What must be a whole number of tiles is the step's M, the chunk
 # PLUS the decodes, so choose the step's token budget (vLLM's `max_num_batched_tokens`),
@@ -377,15 +379,18 @@ assert 2.9 < min(overstated) and max(overstated) < 7                 # "3 to 7 t
 #   this one included;
 # - **held out**: refit the GPU's factors from a neutral start on its *other* files only
 #   (the other GPU's files cannot inform them), then predict this one. That is what a
-#   new model shape on the same GPU would see. (The refit uses every third row and 150
-#   hill-climbing steps, a few seconds a file.)
+#   new model shape on the same GPU would see. (The refit uses every third row and 900
+#   steps of a Nelder-Mead search, a few seconds a file.)
 #
 # The kernels being fitted: three GEMM tile shapes (64x64, 128x128, 128x256 output
 # elements), each at its own fraction of peak; the tiles of a GEMM run in waves over the
 # SMs (108 on the A100, 132 on the H100), a partial last wave charged part of a whole one
-# (`wave_quantization`); the fastest tile shape for the GEMM's M and N wins, as a GEMM
-# library's heuristic picks. The errors are over rows 1-4096. The target we set
-# ourselves: median |error| at most 5% and 90th percentile at most 12% held out.
+# (each tile's own wave quantization). The kernel is chosen by shape, as a GEMM library's
+# heuristic does: the largest tile once it makes enough tiles to fill the SMs
+# (`gemm_fill_waves` waves, fitted), else the fastest. The loss is robust: a row the
+# library runs with a poor kernel (40% slower than both its neighbours) pulls the fit
+# little. The errors are over rows 1-4096. The target (issue 28): median |error| at most
+# 5% and 90th percentile at most 12% held out.
 
 # %% slideshow={"slide_type": "subslide"}
 # NBVAL_IGNORE_OUTPUT
@@ -405,20 +410,19 @@ for gpu in ("a100", "h100"):
           f"(target 5%, 12%: {'met' if worst[gpu][0] <= 0.05 and worst[gpu][1] <= 0.12 else 'NOT met'})")
 for name, r in validation.items():
     assert r["in_sample"][0] <= 0.08 and r["in_sample"][1] <= 0.20, name
-a100_over = [name for name, r in validation.items() if name.startswith("a100") and r["held_out"][0] > 0.05]
-assert worst["a100"][0] <= 0.065 and worst["a100"][1] <= 0.125 and len(a100_over) <= 1   # quoted below
-assert worst["h100"][0] <= 0.12 and 0.15 < worst["h100"][1] <= 0.23
+assert worst["a100"][0] <= 0.05 and worst["a100"][1] <= 0.12                        # met, quoted below
+assert 0.05 < worst["h100"][0] <= 0.08 and 0.12 < worst["h100"][1] <= 0.18          # not met, quoted below
 assert all(r["held_out"][0] - r["in_sample"][0] <= 0.035 for r in validation.values())
 
 # %% [markdown]
 # Held out, the errors stay close to the in-sample ones (the median within 3.5 points on
 # every file): the factors describe the GPU's kernels, not one model's shape. On the A100
-# the 90th percentile meets the target on every file and the median on all but one
-# (InternLM-20B, about 6%); on the H100 the target is not met: medians up to ~11% and a
-# 90th percentile near 20%. The H100's measured times
+# the target is met on every file (worst: median under 5%, 90th percentile just under
+# 12%); on the H100 it is not: medians up to ~7.5% (Llama-2-7B, predicted from the two
+# 8192-wide models) and a 90th percentile of 14-17%. The H100's measured times
 # between 256 and 1024 rows jump with the GEMM library's choice of kernel (1024 rows of
-# CodeLlama-34B's o_proj run at 540 TFLOP/s, 512 rows at 690), which no smooth function
-# of the shape follows. These files hold no attention kernels and no whole steps, so the
+# CodeLlama-34B's o_proj run at 540 TFLOP/s, 512 rows at 690, 536 rows at 320), and the
+# choice-by-fill rule follows only some of those jumps. These files hold no attention kernels and no whole steps, so the
 # attention efficiency (0.5) and the 2 ms of host work per step are assumptions, not fits
 # (chapter 7 lists them).
 #
@@ -435,15 +439,15 @@ for gpu in ("a100", "h100"):
           f"(x{measured:.3f}); cost model {r['chunked']['model_linear_ms']:.3f} vs {r['whole']['model_linear_ms']:.3f} "
           f"(x{model:.3f})")
     if gpu == "a100":
-        assert 0.99 < measured < 1.0 and 1.05 < model < 1.09
+        assert 0.99 < measured < 1.0 and 1.03 < model < 1.07             # quoted below
     else:
         assert 1.2 < measured < 1.23 and 1.12 < model < 1.17
 
 # %% [markdown]
 # The model puts a penalty on 512-row steps on both GPUs, larger on the H100, as measured;
-# but on the A100 the measured steps show none (x0.997) where the model says x1.07, and on
-# the H100 it says x1.15 where the GPU shows x1.21. Within 2% it is not: its 512-row
-# times are 5% high on the A100, its 2048-row times 14% high on the H100. Chapter 7
+# but on the A100 the measured steps show none (x0.997) where the model says x1.05, and on
+# the H100 it says x1.14 where the GPU shows x1.21. Within 2% (issue 28's target) it is
+# not: its 2048-row times are 4% low on the A100, 11% high on the H100. Chapter 7
 # therefore reads chunking's price from the measured sums first, and shows the model's
 # terms beside them.
 
@@ -598,8 +602,8 @@ for backend in ("reference", "sdpa"):
 #    Chunking leaves a prompt's KV footprint as it is and caps the activation peak.
 # 5. A roofline needs real-kernel factors to predict: fitted once per GPU (tiles, waves,
 #    bandwidth), the cost model matches measured linear-layer times with a median error
-#    of 4-6% on the A100 and 4-11% on the H100, held out by model (section 5); the 90th
-#    percentile is 10-12% on the A100 and near 20% on the H100. Attention and host work
+#    of 3-5% on the A100 and 3-8% on the H100, held out by model (section 5); the 90th
+#    percentile is 7-12% on the A100 and 14-17% on the H100. Attention and host work
 #    are assumed, not fitted.
 # 6. Two of the articles' formulas are off: a layer's linear FLOPs are 26·L·d² for
 #    Llama-3-8B, not 4·L·d²; and a mixed step is a weight read plus the chunk's FLOPs,
