@@ -1,4 +1,5 @@
 """The server's pure parts: request parsing, stop strings, /metrics, the client's arithmetic."""
+import json
 import random
 
 import pytest
@@ -100,3 +101,36 @@ def test_llama_server_command_carries_the_chunking_flags(monkeypatch, tmp_path):
         assert cmd[cmd.index("-b") + 1] == "256" and cmd[cmd.index("-ub") + 1] == "256"
         assert cmd[cmd.index("-c") + 1] == str(9 * 4096) and cmd[cmd.index("--host") + 1] == "127.0.0.1"
         assert ("--no-repack" in cmd) == amx      # ggml's AMX path dies with SIGILL otherwise (llama.cpp #26954)
+
+
+def _sse(*chunks) -> bytes:
+    return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("server, body, text", [
+    # vLLM and minillm: the last token's chunk carries the finish_reason; usage comes alone
+    ("vllm", _sse({"id": "a", "choices": [{"text": "x"}]}, {"id": "a", "choices": [{"text": "y", "finish_reason": "length"}]},
+                  {"id": "a", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2}}), "xy"),
+    # ...and a last token whose text is still held back (half a UTF-8 character) is a token
+    ("minillm", _sse({"id": "a", "choices": [{"text": "x"}]}, {"id": "a", "choices": [{"text": "", "finish_reason": "length"}]},
+                     {"id": "a", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2}}), "x"),
+    # llama.cpp: a closing chunk with no token, its usage inside it
+    ("llama.cpp", _sse({"id": "b", "choices": [{"text": "x"}]}, {"id": "b", "choices": [{"text": "y"}]},
+                       {"id": "b", "choices": [{"text": "", "finish_reason": "length"}],
+                        "usage": {"prompt_tokens": 5, "completion_tokens": 2}}), "xy"),
+])
+def test_the_client_counts_tokens_not_chunks_from_either_servers_stream(server, body, text):
+    import asyncio
+
+    import httpx
+
+    from minillm.serve.bench_client import stream_one
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=body))
+
+    async def run():
+        async with httpx.AsyncClient(transport=transport) as client:
+            return await stream_one(client, "http://server/v1/completions", {}, RequestRecord("req-0"))
+    record = asyncio.run(run())
+    assert record.success and record.text == text and len(record.chunk_times) == 2
+    assert (record.prompt_tokens, record.output_tokens) == (5, 2)
+    assert record.latency == pytest.approx(record.chunk_times[-1] - record.start_time)

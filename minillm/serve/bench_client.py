@@ -136,7 +136,7 @@ def payload(args, planned: PlannedRequest) -> dict:
 
 async def stream_one(client, url: str, body: dict, record: RequestRecord, on_chunk=None) -> RequestRecord:
     record.start_time = start = time.perf_counter()
-    last = start
+    last, closing = start, False
     try:
         async with client.stream("POST", url, json=body) as response:
             if response.status_code != 200:
@@ -153,22 +153,30 @@ async def stream_one(client, url: str, body: dict, record: RequestRecord, on_chu
                 if "error" in chunk:
                     record.error = str(chunk["error"])
                     return record
-                if chunk.get("choices"):
+                choice = (chunk.get("choices") or [None])[0]
+                if choice is not None:
+                    text = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+                    closing = not text and choice.get("finish_reason") is not None
                     if record.ttft is None:
                         record.ttft = now - start
                         record.response_id = chunk.get("id", "")
                     record.chunk_times.append(now)
                     last = now
-                    choice = chunk["choices"][0]
-                    record.text += (choice.get("text") or (choice.get("delta") or {}).get("content") or "")
+                    record.text += text
                     if on_chunk is not None:
                         on_chunk(record)
-                elif chunk.get("usage"):
+                if chunk.get("usage"):                # its own chunk (vLLM, minillm) or the last one (llama.cpp)
                     record.output_tokens = chunk["usage"].get("completion_tokens") or 0
                     record.prompt_tokens = chunk["usage"].get("prompt_tokens") or record.prompt_tokens
         if record.ttft is None:
             record.error = "no chunk with a token"
             return record
+        # llama.cpp closes a stream with one more chunk, empty, with the finish_reason (and
+        # the usage): the server counted one token fewer than it sent chunks, so that
+        # chunk carried none and is neither an ITL gap nor the end of E2EL
+        if closing and len(record.chunk_times) == record.output_tokens + 1 > 1:
+            record.chunk_times.pop()
+            last = record.chunk_times[-1]
         record.latency = last - start
         if not record.output_tokens:                  # no usage chunk: one token per chunk, as guidellm assumes
             record.output_tokens = len(record.chunk_times)
