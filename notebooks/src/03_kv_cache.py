@@ -107,12 +107,20 @@ assert tokens_processed_cached == len(prompt) + num_new
 # NBVAL_IGNORE_OUTPUT
 lengths = [32, 128, 256, 512, 1024]
 
-def median_step_s(run, repeats=3):
-    run()                                            # warm-up
-    return sorted(timed(run)[1] for _ in range(repeats))[repeats // 2]
+def median_step_times_s(runs, rounds=3):
+    """Each run's median over `rounds`, the runs timed in turns: a busy moment on the
+    machine slows one round of every run, not all the repeats of one."""
+    for run in runs:
+        run()                                        # warm-up
+    times = [[] for _ in runs]
+    for _ in range(rounds):
+        for run, ts in zip(runs, times):
+            ts.append(timed(run)[1])
+    return [sorted(ts)[rounds // 2] for ts in times]
 
-recompute_by_len_s = [median_step_s(prepare_step(model, [(n, 0)])) for n in lengths]
-cached_by_len_s = [median_step_s(prepare_step(model, [(1, n)])) for n in lengths]
+step_s = median_step_times_s([prepare_step(model, [(n, 0)]) for n in lengths] +
+                             [prepare_step(model, [(1, n)]) for n in lengths])
+recompute_by_len_s, cached_by_len_s = step_s[:len(lengths)], step_s[len(lengths):]
 # Cost per token: the slope of the recompute steps. Fixed cost: what a one-token step
 # over a short cache costs, almost nothing but the step itself.
 per_token_s = (recompute_by_len_s[-1] - recompute_by_len_s[0]) / (lengths[-1] - lengths[0])
