@@ -215,7 +215,10 @@ def test_full_waiting_queue_is_refused_at_once_and_sigterm_exits_0():
                 # leaving its stream below disconnects it (aborted), which frees the slot
                 body = {"prompt": "x", "max_tokens": 4000, "ignore_eos": True, "stream": True}
                 async with client.stream("POST", s.url + "/v1/completions", json=body) as running:
-                    async for line in running.aiter_lines():     # the first request is running...
+                    # held in a name: a line iterator left for the garbage collector is closed
+                    # by asyncio's finalizer, which closes the stream and aborts the request
+                    lines = running.aiter_lines()
+                    async for line in lines:                     # the first request is running...
                         if line.startswith("data: "):
                             break
                     waiting = asyncio.create_task(client.post(s.url + "/v1/completions", json={
@@ -224,6 +227,7 @@ def test_full_waiting_queue_is_refused_at_once_and_sigterm_exits_0():
                         await asyncio.sleep(0.01)                  # ...and the second waits
                     refused = await client.post(s.url + "/v1/completions", json={"prompt": "z", "max_tokens": 2})
                     still_running = not waiting.done()
+                    await lines.aclose()
                 return refused, still_running, await waiting
         refused, still_running, waited = asyncio.run(run())
         assert refused.status_code == 429 and refused.json()["error"]["code"] == "429"
