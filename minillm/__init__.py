@@ -16,8 +16,17 @@ Three layers, and the folders show them (arrows point down only):
 and the other heavier names load their layer on first use.
 """
 import importlib
+import os
 
-from . import (attention, config, device, engine, kv_cache, loader, metrics, model, model_runner, prefill,
+# Idle OpenMP threads sleep instead of spinning. On a machine whose cores are busy (a
+# laptop with a browser open, a class on one server), spinning threads made a 512-token
+# prefill 1.4-4.7x slower on two threads than on one (two busy loops beside it); asleep,
+# they cost nothing on a quiet machine. Read once, when torch loads its OpenMP library:
+# it holds when minillm is imported before torch (the Makefile and the tests set it too).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from . import (attention, config,  # noqa: E402
+               device, engine, kv_cache, loader, metrics, model, model_runner, prefill,
                request, sampler, scheduler, tokenizer)
 from .config import ModelConfig
 from .device import default_device

@@ -1,11 +1,16 @@
 """Shared fixtures: tiny random Hugging Face checkpoints saved to a temp dir."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+# Before torch loads OpenMP: idle threads sleep rather than spin, so a busy machine slows
+# the suite by its share of the cores, not several-fold (minillm/__init__.py says why).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:          # run from a checkout without `pip install -e .`
