@@ -70,6 +70,7 @@ def test_median_row_takes_each_number_across_rounds_and_keeps_the_labels():
     assert bench._median_row(runs) == {"policy": "chunked", "chunk_size": 256, "itl_max_s": 0.2, "steps": 41}
 
 
+@pytest.mark.timing
 def test_hf_race_rounds_report_the_median_speedup_within_its_range_and_identical_tokens():
     r = bench.bench_hf(num_requests=3, shape="gqa2", rounds=2)
     low, high = r["speedup_spread"]

@@ -4,9 +4,12 @@ A learner runs the suite on a laptop with a browser open, a class on one shared
 machine. The tests marked `timing` (pyproject.toml) are the ones that read a
 clock: each compares times measured in alternation within one loop, by a margin
 load cannot close, or accepts a fit only with the profile's own word that the
-machine was quiet (calibration.timing_spread). Here they run in a child pytest
-while one `while True: pass` process per core competes with them; they must
-still pass. The busy processes are this test's own, killed when it ends.
+machine was quiet (calibration.timing_spread). With them run the chapters that
+assert on measured times and take seconds (0 and 3; chapter 6, a minute of real
+runs, is checked under load by running the whole suite so, as docs/benchmarks.md
+records). Here they run in a child pytest while one `while True: pass` process
+per core competes with them; they must still pass. The busy processes are this
+test's own, killed when it ends.
 """
 import os
 import subprocess
@@ -17,7 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 BUSY_LOOP = "while True: pass"
 # The child run's limit: a machine far busier than a loop per core fails here by
 # timing out, not by a wrong number.
-TIMEOUT_S = 240
+TIMEOUT_S = 420
+# Chapters whose cells assert on wall-clock ratios (each timed in turns, medians of rounds).
+TIMING_NOTEBOOKS = ("notebooks/00_roadmap.ipynb", "notebooks/03_kv_cache.ipynb")
 
 
 def _cores() -> int:
@@ -36,7 +41,8 @@ def timing_test_files() -> list[Path]:
 
 def test_the_timing_tests_are_found():
     names = {p.name for p in timing_test_files()}
-    assert "test_calibration.py" in names
+    assert {"test_calibration.py", "test_serve.py", "test_lab.py", "test_loader_adversarial.py"} <= names
+    assert all((ROOT / nb).is_file() for nb in TIMING_NOTEBOOKS)
 
 
 def test_the_timing_tests_pass_with_a_busy_loop_on_every_core(tmp_path):
@@ -44,9 +50,12 @@ def test_the_timing_tests_pass_with_a_busy_loop_on_every_core(tmp_path):
     try:
         # a calibration made under this load is not this machine's profile: its own cache
         env = dict(os.environ, MINILLM_CACHE_DIR=str(tmp_path / "cache"))
-        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "timing", "-p", "no:cacheprovider",
-                              *map(str, timing_test_files())],
-                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+        tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "timing", "-p", "no:cacheprovider",
+                                *map(str, timing_test_files())],
+                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+        chapters = subprocess.run([sys.executable, "-m", "pytest", "-q", "--nbval-lax", "-p", "no:cacheprovider",
+                                   *TIMING_NOTEBOOKS],
+                                  cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
         still_busy = [p.poll() is None for p in busy]
     finally:
         for p in busy:
@@ -54,5 +63,6 @@ def test_the_timing_tests_pass_with_a_busy_loop_on_every_core(tmp_path):
         for p in busy:
             p.wait()
     assert all(still_busy), "a busy loop ended early: the timing tests ran on a quieter machine"
-    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
-    assert " passed" in run.stdout and " failed" not in run.stdout
+    for run in (tests, chapters):
+        assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+        assert " passed" in run.stdout and " failed" not in run.stdout

@@ -91,6 +91,7 @@ def spearman(a, b) -> float:
     return 1 - 6 * sum((x - y) ** 2 for x, y in zip(ra, rb)) / (n * (n * n - 1))
 
 
+@pytest.mark.timing
 def test_a_fit_predicts_held_out_steps_within_30_percent_or_says_the_machine_was_busy(tiny_model):
     # calibrate()'s fit (fit_profile over each step's median repeat) against real steps
     # of shapes it never saw. Both sweeps are timed in ONE round-robin, so a load that

@@ -179,6 +179,7 @@ def test_chunk_sweep_reports_each_simulation_it_has_to_run():
     assert calls == []                                        # cached: nothing to report
 
 
+@pytest.mark.timing
 def test_simulating_this_machine_agrees_with_measuring_it():
     # The lab's "this machine (calibrated)" hardware with the tiny model is the simulated
     # twin of measure mode. What no load can change: both take the same steps, each with

@@ -12,6 +12,10 @@ from safetensors.torch import save_file
 import minillm
 from minillm import load_hf_model
 
+# Each refusal is timed (under 5 s against ~0.01 s measured): tests/test_busy_machine.py
+# runs them again beside a busy loop per core.
+pytestmark = pytest.mark.timing
+
 HF_CONFIG = dict(architectures=["LlamaForCausalLM"], vocab_size=64, hidden_size=32, intermediate_size=48,
                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  max_position_embeddings=128, rms_norm_eps=1e-5, rope_theta=10000.0, torch_dtype="float32",
