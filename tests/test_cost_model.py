@@ -62,6 +62,9 @@ def test_default_capture_sizes_follow_vllms_rule():
     assert 248 in sizes and 252 not in sizes and 272 in sizes and 264 not in sizes
     assert cost_model.default_capture_sizes(max_num_seqs=64)[-1] == 128
     assert cost_model.default_capture_sizes(max_num_seqs=256, max_num_batched_tokens=96)[-1] == 96
+    # a budget off the stride is captured too, as the largest size (vLLM appends it)
+    assert cost_model.default_capture_sizes(max_num_seqs=256, max_num_batched_tokens=300)[-2:] == (288, 300)
+    assert cost_model.default_capture_sizes(max_num_seqs=256, max_num_batched_tokens=100)[-2:] == (96, 100)
 
 
 def test_decode_mixed_and_oversized_steps_are_priced_differently_with_the_reason():

@@ -277,10 +277,13 @@ KERNELS_PER_STEP = 4          # embedding, final norm, lm_head, sampling
 def default_capture_sizes(max_num_seqs: int = 256, max_num_batched_tokens: int | None = None) -> tuple:
     """The token counts vLLM V1 captures CUDA graphs for, by its default rule.
 
-    vLLM (vllm/config/vllm.py, VllmConfig._set_cudagraph_sizes; v0.11 to v0.14):
-    max_cudagraph_capture_size = min(2 * max_num_seqs, 512), capped at
-    max_num_batched_tokens; sizes [1, 2, 4], then every 8 below 256, then every
-    16 from 256 up to that maximum. A step is padded up to the next size.
+    vLLM (vllm/config/vllm.py, VllmConfig._set_cudagraph_sizes, read at commit
+    000fc94b of vllm-project/vllm; the same rule since v0.11 but for the last line):
+    max_cudagraph_capture_size = min(2 * max_num_seqs, 512) (1024 on data-centre
+    Blackwell, not modelled), capped at max_num_batched_tokens; sizes [1, 2, 4],
+    then every 8 below 256, then every 16 from 256 up to that maximum; and
+    max_num_batched_tokens itself when it is the maximum and off that stride. A
+    step is padded up to the next size. Speculative decoding's sizes are not modelled.
     """
     max_num_seqs = _positive("max_num_seqs", max_num_seqs)
     largest = min(2 * max_num_seqs, 512)
@@ -288,7 +291,9 @@ def default_capture_sizes(max_num_seqs: int = 256, max_num_batched_tokens: int |
         largest = min(largest, _positive("max_num_batched_tokens", max_num_batched_tokens))
     sizes = [s for s in (1, 2, 4) if s <= largest]
     sizes += list(range(8, min(largest + 1, 256), 8)) + list(range(256, largest + 1, 16))
-    return tuple(sizes)
+    if max_num_batched_tokens is not None and max_num_batched_tokens == largest:
+        sizes.append(largest)                 # the whole budget is captured even off-stride
+    return tuple(sorted(set(sizes)))
 
 
 def check_capture_sizes(capture_sizes) -> tuple:
