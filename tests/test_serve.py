@@ -41,6 +41,16 @@ def greedy(engine, prompts, max_tokens):
     return [o.output_token_ids for o in engine.generate([ByteTokenizer().encode(p) for p in prompts], params)]
 
 
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a process and its threads so far (Linux), else None."""
+    import os
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")     # utime, stime
+
+
 def metrics(url):
     return parse_prometheus(httpx.get(url + "/metrics").text)
 
@@ -49,8 +59,16 @@ def test_server_starts_and_answers_its_first_request(server):
     t = time.perf_counter()
     r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=60)
     first_answer_s = time.perf_counter() - t
-    print(f"start to /health: {server.startup_s:.1f} s; first answer: {first_answer_s:.2f} s more")
+    cpu_s = process_cpu_s(server.process.pid)
+    print(f"start to /health: {server.startup_s:.1f} s; first answer: {first_answer_s:.2f} s more; "
+          f"server CPU time so far: {cpu_s} s")
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+    # Under 10 s to a first answer (issue 29), judged on what load cannot stretch: the CPU
+    # time the server spent starting and answering (imports, the model, the step), which
+    # is its wall time on a quiet machine (3-5 s here). A busy machine stretches the wall
+    # clock, not this.
+    if cpu_s is not None:
+        assert cpu_s < 10, f"the server used {cpu_s:.1f} s of CPU to start and answer"
     models = httpx.get(server.url + "/v1/models").json()["data"]
     assert models[0]["id"] == "tiny" and models[0]["root"] == "tiny"
     assert httpx.get(server.url + "/health").status_code == 200
