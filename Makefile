@@ -4,9 +4,6 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export PYTHONHASHSEED ?= 0
-# Idle OpenMP threads sleep instead of spinning: on busy cores, spinning made torch's
-# two threads several times slower than one (minillm/__init__.py has the measurement).
-export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: lab test test-fast notebooks slides figures bench gpu-check clean kernels peer
 

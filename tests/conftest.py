@@ -5,10 +5,9 @@ import os
 import sys
 from pathlib import Path
 
-# Before torch loads OpenMP: idle threads sleep rather than spin, so a busy machine slows
-# the suite by its share of the cores, not several-fold (minillm/__init__.py says why).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
+# minillm before torch: it picks OpenMP's wait policy for a busy or a quiet machine,
+# which torch reads once when it loads (minillm/__init__.py says why).
+import minillm  # noqa: E402,F401
 import pytest  # noqa: E402
 import torch  # noqa: E402
 

@@ -49,7 +49,9 @@ def test_the_timing_tests_pass_with_a_busy_loop_on_every_core(tmp_path):
     busy = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(_cores())]
     try:
         # a calibration made under this load is not this machine's profile: its own cache
-        env = dict(os.environ, MINILLM_CACHE_DIR=str(tmp_path / "cache"))
+        # and the OpenMP wait policy minillm picks on a busy machine (the load average
+        # would take a minute to show these loops)
+        env = dict(os.environ, MINILLM_CACHE_DIR=str(tmp_path / "cache"), OMP_WAIT_POLICY="PASSIVE")
         tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "timing", "-p", "no:cacheprovider",
                                 *map(str, timing_test_files())],
                                cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
