@@ -5,8 +5,9 @@ out: refit with one file left out, test on it (what a new model shape sees)."""
 import pytest
 
 from minillm.sim import op_profiles
-from minillm.sim.op_profiles import (error_summary, held_out_errors, linear_op_errors,
-                                     load_gpu_op_profile, profile_paths)
+from minillm.sim.op_profiles import (chunked_vs_whole, chunked_vs_whole_sweep, error_summary, held_out_errors,
+                                     linear_op_errors, load_gpu_op_profile, measured_layer_s, per_file_fit_errors,
+                                     profile_paths, same_shape_spread)
 
 PROFILE_FILES = profile_paths()
 
@@ -35,6 +36,10 @@ def test_linear_ops_match_the_measured_gpu_profile_in_sample(path):
 # meets issue 28's target (median <= 5%, p90 <= 12%) on every file (worst: median 4.8%,
 # p90 11.8%); the H100 does not (medians 3.4-7.5%, p90 14.5-17.1%: its GEMM library's kernel
 # choices between 256 and 1024 rows are not a function of the shape this model follows).
+# Its p90 target is under this model's floor: each H100 file fitted ALONE reaches p90 13.1%
+# (CodeLlama-34B), 11.9% (Llama-2-7B), 15.9% (Qwen-72B) (test_the_h100_p90_target_is_under_
+# this_models_floor); a tile-and-wave form cannot follow the library's slow bands, which are
+# the shape's and repeat from file to file (test_one_shape_measured_in_two_files_agrees).
 HELD_OUT_BOUNDS = {"a100": (0.05, 0.12), "h100": (0.08, 0.18)}
 
 
@@ -77,7 +82,9 @@ def test_measured_sums_chunked_vs_whole():
     assert round(h100["chunked"]["linear_ms"], 3) == 1.314 and round(h100["whole"]["linear_ms"], 3) == 1.084
     # The model puts the penalty where it is measured, the H100, and less on the A100;
     # within 2% of the measured ratio (issue 28) it is not: x1.052 against x0.997 on the
-    # A100, x1.144 against x1.213 on the H100 (2026-12-02).
+    # A100, x1.144 against x1.213 on the H100 (2026-12-02). Each side: A100 chunked +1.0%,
+    # whole -4.3%; H100 chunked +5.0%, whole +11.2% (Llama-2-7B's GEMMs run 5-20% faster at
+    # 2048 rows than the two larger models' shapes, which share the H100 factors, imply).
     ratio = {g: r["chunked"]["model_linear_ms"] / r["whole"]["model_linear_ms"] for g, r in
              (("a100", a100), ("h100", h100))}
     assert ratio["h100"] > ratio["a100"] + 0.05
@@ -120,3 +127,51 @@ def test_bad_profile_name_and_op_are_named():
         load_gpu_op_profile("tpu_x.csv")
     with pytest.raises(ValueError, match="'attention'"):
         linear_op_errors(PROFILE_FILES[0], ops=("attention",))
+
+
+def test_one_shape_measured_in_two_files_agrees_to_a_few_percent():
+    """Two files that hold the same GEMM shape: a floor under any cost model that prices
+    by shape (it predicts both alike). They agree to a median 2.0-2.4%, p90 4.8-4.9%, so the
+    rest of the error is not noise: the library's kernel choice is a function of the shape,
+    its slow bands repeat in both files (H100 [M, 8192] x [8192, 8192]: 536-640 rows run
+    about half as fast per row as 512)."""
+    spread = {(r["gpu"], r["shape"]): r for r in same_shape_spread()}
+    assert set(spread) == {("a100", (4096, 4096)), ("h100", (8192, 8192))}
+    for r in spread.values():
+        assert r["a"][0] != r["b"][0] and r["rows"] > 250
+        assert r["median"] <= 0.03 and r["p90"] <= 0.06, r
+    h100 = spread[("h100", (8192, 8192))]
+    for name, op in (h100["a"], h100["b"]):
+        prof = load_gpu_op_profile(op_profiles.profile_dir() / name)
+        assert measured_layer_s(prof, 544, (op,)) / 544 > 1.5 * measured_layer_s(prof, 512, (op,)) / 512
+
+
+def test_the_h100_p90_target_is_under_this_models_floor():
+    """Qwen-72B on the H100 fitted alone (the best this model's form does on it) keeps a
+    p90 |error| above issue 28's 12% (15.9%, 2026-12-02), and is no worse than the shared
+    factors fitted on every H100 file."""
+    path = op_profiles.profile_dir() / "h100_Qwen-72B.csv"
+    (median, p90), = per_file_fit_errors([path]).values()
+    in_median, in_p90 = error_summary(linear_op_errors(path))
+    assert median <= in_median + 0.005 and p90 <= in_p90 + 0.01
+    assert p90 > 0.12
+
+
+@pytest.mark.parametrize("gpu", ["a100", "h100"])
+def test_the_chunked_ratio_moves_with_the_chunk(gpu):
+    """4 x chunk against one step of 4 x chunk rows, Llama-2-7B, chunks 384-696: the
+    measured ratio spans 0.95-1.21 (A100), 1.17-1.47 (H100), so a 2% match at one chunk
+    size is within the ratio's own steps; one row tile more (520 = 4 x 128 + 8 rows)
+    raises the measured ratio and the model's alike."""
+    path = op_profiles.profile_dir() / f"{gpu}_Llama-2-7b-hf.csv"
+    sweep = chunked_vs_whole_sweep(path, range(384, 704, 8))
+    at = {chunk: (measured, model) for chunk, measured, model in sweep}
+    assert len(at) == 40
+    one = chunked_vs_whole(path, 512, 2048)
+    assert at[512][0] == pytest.approx(one["chunked"]["linear_ms"] / one["whole"]["linear_ms"])
+    assert at[512][1] == pytest.approx(one["chunked"]["model_linear_ms"] / one["whole"]["model_linear_ms"])
+    measured = [m for m, _ in at.values()]
+    assert max(measured) - min(measured) > 0.2
+    assert at[520][0] > at[512][0] + 0.02 and at[520][1] > at[512][1] + 0.02
+    with pytest.raises(ValueError, match="chunks=\\[500\\]"):
+        chunked_vs_whole_sweep(path, [500])

@@ -37,7 +37,7 @@ __all__ = [
     "GpuOpProfile", "profile_dir", "profile_paths", "load_gpu_op_profile", "linear_op_errors",
     "error_summary", "fit_hardware_factors", "held_out_errors", "PROFILE_HARDWARE", "LINEAR_OPS",
     "FITTED_OPS", "MAX_ROWS", "NEUTRAL_START", "NON_ATTENTION_OPS", "measured_layer_s",
-    "chunked_vs_whole",
+    "chunked_vs_whole", "chunked_vs_whole_sweep", "gemm_shapes", "same_shape_spread", "per_file_fit_errors",
 ]
 
 PROFILE_HARDWARE = {"a100": "A100-80GB", "h100": "H100-SXM"}   # file prefix -> profile name
@@ -276,6 +276,12 @@ NEUTRAL_START = dict(gemm_tiles=((64, 64, 0.7, 0.5), (128, 128, 0.7, 0.5), (128,
 # a soft overlap, microsecond launches.
 
 
+def _refit(profiles, hardware, trials, seed, row_stride):
+    """fit_hardware_factors from NEUTRAL_START on every row_stride-th row of profiles."""
+    start = gpu_profile(hardware).replace(**NEUTRAL_START)
+    return fit_hardware_factors([p.every(row_stride) for p in profiles], start, trials=trials, seed=seed)
+
+
 def held_out_errors(paths=None, trials: int = 900, seed: int = 0, row_stride: int = 3) -> dict:
     """Leave one file out: file name -> {"in_sample": (median, p90), "held_out": (median, p90)}.
 
@@ -288,12 +294,11 @@ def held_out_errors(paths=None, trials: int = 900, seed: int = 0, row_stride: in
     profiles = [_as_profile(p) for p in (paths if paths is not None else profile_paths())]
     out = {}
     for prof in profiles:
-        others = [p.every(row_stride) for p in profiles if p.gpu == prof.gpu and p.path != prof.path]
+        others = [p for p in profiles if p.gpu == prof.gpu and p.path != prof.path]
         if not others:
             raise ValueError(f"paths: {prof.path.name} is the only {prof.gpu} file; "
                              "a held-out fit needs at least one other file of the same GPU")
-        start = gpu_profile(prof.hardware).replace(**NEUTRAL_START)
-        refit = fit_hardware_factors(others, start, trials=trials, seed=seed)
+        refit = _refit(others, prof.hardware, trials, seed, row_stride)
         out[prof.path.name] = {"in_sample": error_summary(linear_op_errors(prof)),
                                "held_out": error_summary(linear_op_errors(prof, refit)),
                                "fitted_on": [p.path.name for p in others]}
@@ -336,4 +341,97 @@ def chunked_vs_whole(profile, chunk: int, total: int, hardware=None) -> dict:
                      "linear_ms": count * measured_layer_s(profile, rows) * 1e3,
                      "non_attention_ms": count * measured_layer_s(profile, rows, NON_ATTENTION_OPS) * 1e3,
                      "model_linear_ms": count * sum(model[op] for op in MEASURED_LINEAR_OPS) * 1e3}
+    return out
+
+
+# ---- how low can the error go? -------------------------------------------------
+# Three measurements of the floor under the cost model's error, for the book:
+# the same GEMM shape measured in two files (how much a prediction by shape must
+# miss one of them by), each file fitted alone (the best this model's form reaches
+# on it), and the chunked/whole ratio at neighbouring chunk sizes (how much one
+# ratio moves when the chunk moves by a few rows).
+
+def gemm_shapes(cfg: ModelConfig) -> dict:
+    """op -> (K, N) of the four GEMMs of a layer, as cost_model.layer_linear_times_s prices them."""
+    d, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
+    return {"qkv_proj": (d, q + 2 * kv), "o_proj": (q, d), "mlp_gate_up_proj": (d, 2 * inter),
+            "mlp_down_proj": (inter, d)}
+
+
+def _row_means(profile, op, max_rows):
+    """num_tokens -> mean measured seconds (a file may hold a row twice)."""
+    rows = {}
+    for m, t in zip(profile.num_tokens, profile.times_s[op]):
+        if max_rows is None or m <= max_rows:
+            rows.setdefault(m, []).append(t)
+    return {m: sum(ts) / len(ts) for m, ts in rows.items()}
+
+
+def same_shape_spread(paths=None, max_rows: int | None = MAX_ROWS) -> list[dict]:
+    """GEMMs of the SAME shape measured in two files of one GPU, and how far apart their times are.
+
+    Two models can share a GEMM: Llama-2-7B's and Llama-3-8B's o_proj are both
+    [M, 4096] x [4096, 4096]; CodeLlama-34B's and Qwen-72B's are [M, 8192] x [8192, 8192].
+    Any cost model that prices a GEMM by its shape gives both files the same time, so
+    where they disagree it misses at least one of them: their spread is a floor under
+    its error that no factor can remove. Returns one dict per such pair: gpu, shape
+    (K, N), a and b ((file name, op)), rows (compared, up to max_rows), median and p90
+    of |t_a / t_b - 1| over those rows, and ratio ({rows: t_a / t_b}).
+    """
+    profiles = [_as_profile(p) for p in (paths if paths is not None else profile_paths())]
+    by_shape = {}
+    for prof in profiles:
+        for op, shape in gemm_shapes(prof.cfg).items():
+            by_shape.setdefault((prof.gpu, shape), []).append((prof, op))
+    out = []
+    for (gpu, shape), found in sorted(by_shape.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        for i, (prof_a, op_a) in enumerate(found):
+            for prof_b, op_b in found[i + 1:]:
+                if prof_a.path == prof_b.path:
+                    continue          # one model's two ops of one shape: not two measurements
+                a, b = _row_means(prof_a, op_a, max_rows), _row_means(prof_b, op_b, max_rows)
+                ratio = {m: a[m] / b[m] for m in sorted(set(a) & set(b))}
+                spread = [abs(r - 1) for r in ratio.values()]
+                out.append({"gpu": gpu, "shape": shape, "a": (prof_a.path.name, op_a),
+                            "b": (prof_b.path.name, op_b), "rows": len(spread),
+                            "median": percentile(spread, 50), "p90": percentile(spread, 90), "ratio": ratio})
+    return out
+
+
+def per_file_fit_errors(paths=None, trials: int = 900, seed: int = 0, row_stride: int = 3) -> dict:
+    """Each file fitted ALONE, then tested on itself: file name -> (median, p90) of |error|.
+
+    The fit is held_out_errors' (NEUTRAL_START, every row_stride-th row, `trials` steps)
+    on that one file, the errors over all its rows up to MAX_ROWS and LINEAR_OPS. No
+    setting of the factors does better on the file by much (the search is not exact):
+    the floor of this model's form, under both the in-sample errors (one set of factors
+    for every file of the GPU) and the held-out ones.
+    """
+    profiles = [_as_profile(p) for p in (paths if paths is not None else profile_paths())]
+    return {prof.path.name: error_summary(linear_op_errors(prof, _refit([prof], prof.hardware, trials, seed,
+                                                                         row_stride)))
+            for prof in profiles}
+
+
+def chunked_vs_whole_sweep(profile, chunks, steps: int = 4, hardware=None) -> list[tuple[int, float, float]]:
+    """chunked_vs_whole's ratio at several chunk sizes: [(chunk, measured, model)], where
+    measured and model are `steps` x chunk rows over one step of steps * chunk rows (linear
+    ops, one layer). Chunks whose rows (or steps * chunk) the file does not hold are left
+    out; ValueError if none is left. How much the measured ratio moves from one chunk size
+    to the next says how closely one of them can be reproduced."""
+    profile = _as_profile(profile)
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ValueError(f"steps={steps!r}: a whole number of chunks >= 1, e.g. 4")
+    hw = gpu_profile(hardware if hardware is not None else profile.hardware)
+    held = set(profile.num_tokens)
+    out = []
+    for chunk in chunks:
+        if chunk in held and steps * chunk in held:
+            model = [sum(layer_linear_times_s(profile.cfg, m, hw)[op] for op in MEASURED_LINEAR_OPS)
+                     for m in (chunk, steps * chunk)]
+            out.append((chunk, steps * measured_layer_s(profile, chunk) / measured_layer_s(profile, steps * chunk),
+                        steps * model[0] / model[1]))
+    if not out:
+        raise ValueError(f"chunks={list(chunks)!r}: {profile.path.name} holds none of them together with "
+                         f"{steps} times it (its rows: {profile.num_tokens[:4]}...{profile.num_tokens[-2:]})")
     return out
