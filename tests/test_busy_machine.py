@@ -14,10 +14,17 @@ test's own, killed when it ends.
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
+
+import minillm
+
 ROOT = Path(__file__).resolve().parents[1]
-BUSY_LOOP = "while True: pass"
+# A busy loop that ends when its parent does: a suite stopped half-way leaves no orphan
+# spinning on a core (one did, for 15 minutes, before this).
+BUSY_LOOP = "import os\nparent = os.getppid()\nwhile os.getppid() == parent: pass"
 # The child run's limit: a machine far busier than a loop per core fails here by
 # timing out, not by a wrong number.
 TIMEOUT_S = 420
@@ -45,13 +52,34 @@ def test_the_timing_tests_are_found():
     assert all((ROOT / nb).is_file() for nb in TIMING_NOTEBOOKS)
 
 
+def test_other_runnable_processes_are_read_from_proc_loadavg():
+    assert minillm._runnable_elsewhere("0.52 0.61 0.70 3/241 1234\n") == 2
+    assert minillm._runnable_elsewhere("2.00 1.00 0.50 1/97 99") == 0     # only this process
+
+
+@pytest.mark.skipif(not Path("/proc/loadavg").exists(), reason="no /proc/loadavg (not Linux)")
+def test_a_busy_loop_on_every_core_makes_minillm_sleep_its_idle_threads():
+    probe = "import os, minillm; print(os.environ.get('OMP_WAIT_POLICY'))"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    busy = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(_cores())]
+    try:
+        time.sleep(0.3)                     # the loops are running, not starting
+        seen = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120).stdout.strip()
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    assert seen == "PASSIVE"
+
+
 def test_the_timing_tests_pass_with_a_busy_loop_on_every_core(tmp_path):
     busy = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(_cores())]
     try:
-        # a calibration made under this load is not this machine's profile: its own cache
-        # and the OpenMP wait policy minillm picks on a busy machine (the load average
-        # would take a minute to show these loops)
-        env = dict(os.environ, MINILLM_CACHE_DIR=str(tmp_path / "cache"), OMP_WAIT_POLICY="PASSIVE")
+        # a calibration made under this load is not this machine's profile: its own cache.
+        # OpenMP's wait policy is left to minillm, which sees these loops as it loads.
+        env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+        env["MINILLM_CACHE_DIR"] = str(tmp_path / "cache")
         tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "timing", "-p", "no:cacheprovider",
                                 *map(str, timing_test_files())],
                                cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
