@@ -99,7 +99,7 @@ def test_chapter_7_lab_answers_slider_moves_in_a_real_browser(jupyter):
         lab_cell.locator(".jp-InputArea-prompt").click()          # select it (command mode)
         _menu(page, "Run", "Run All Above Selected Cell")
         page.keyboard.press("Shift+Enter")                        # and the lab cell itself
-        page.locator(".minillm-lab .minillm-verdict", has_text="req/s").first.wait_for(timeout=240_000)
+        page.locator(".minillm-lab .minillm-verdict", has_text="req/s").first.wait_for(timeout=480_000)
         page.wait_for_function("() => { const all = document.querySelectorAll('.minillm-lab img');"
                                " const i = all[all.length - 1];"
                                " return i && i.naturalWidth > 0; }", timeout=240_000)

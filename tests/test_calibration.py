@@ -101,7 +101,9 @@ def test_a_fit_predicts_held_out_steps_within_30_percent_or_says_the_machine_was
     # 3.3-5.8% while the machine keeps its speed; 8-17% while the same steps themselves
     # move 9-23% from one minute to the next. 30% is what a quiet shared machine can promise;
     # a busier one must say so on the profile (timing_spread above NOISY_SPREAD).
-    fitted, held_out = calibration_shapes(), evaluation_shapes()
+    # Every other held-out shape (20 of 40: each chunk and decode count, at 256 and 3000
+    # tokens of context): the same spread of costs at half the suite's time.
+    fitted, held_out = calibration_shapes(), evaluation_shapes()[1::2]
     samples = measure_step_samples(tiny_model, fitted + held_out, repeats=3)
     hw = fit_profile(tiny_model.cfg, fitted, samples[:len(fitted)])
     measured = [statistics.median(times) for times in samples[len(fitted):]]
