@@ -451,6 +451,91 @@ for gpu in ("a100", "h100"):
 # therefore reads chunking's price from the measured sums first, and shows the model's
 # terms beside them.
 
+# %% [markdown]
+# ### How close can a model of tiles and waves come?
+#
+# Misses of 5-17% invite a question: is the model too crude, or is there a floor that
+# no model predicting a GEMM from its shape can go under? Three measurements answer it.
+#
+# 1. **The same shape, measured twice.** Llama-2-7B's and Llama-3-8B's o_proj are the
+#    same GEMM ([M, 4096] x [4096, 4096]), and so are CodeLlama-34B's and Qwen-72B's
+#    ([M, 8192] x [8192, 8192]). A model that prices a GEMM by its shape must give each
+#    pair one time, so where the two files disagree it misses one of them.
+# 2. **Each file fitted alone.** Fit the factors on one H100 file and test on that same
+#    file: the best this model's form reaches there, below both the shipped (one set per
+#    GPU) and the held-out errors.
+# 3. **The ratio at neighbouring chunk sizes.** How much does the measured 4 x chunk vs
+#    1 x (4 chunk) ratio move when the chunk moves by 8 rows?
+
+# %% slideshow={"slide_type": "subslide"}
+# NBVAL_IGNORE_OUTPUT
+for pair in op_profiles.same_shape_spread():
+    print(f"{pair['gpu']}: [M, {pair['shape'][0]}] x {list(pair['shape'])}, {pair['a'][0]} vs "
+          f"{pair['b'][0]}: {pair['rows']} rows, median |difference| {pair['median']:.1%}, "
+          f"p90 {pair['p90']:.1%}")
+# the H100's files, where the target is missed (three fits of a few seconds each)
+alone = op_profiles.per_file_fit_errors([p for p in op_profiles.profile_paths() if p.name.startswith("h100")])
+print(f"\n{'file':36s} {'fitted alone: median, p90':>26s} {'held out: p90':>14s}")
+for name, (med, p90) in alone.items():
+    print(f"{name:36s} {med:13.1%} {p90:8.1%} {validation[name]['held_out'][1]:13.1%}")
+
+# %% slideshow={"slide_type": "skip"}
+spread = op_profiles.same_shape_spread()
+assert len(spread) == 2 and all(p["median"] < 0.03 and p["p90"] < 0.07 for p in spread)   # quoted below
+h100_alone_p90 = sorted(p90 for _, p90 in alone.values())
+assert h100_alone_p90[-1] > 0.12 and h100_alone_p90[-2] > 0.12                          # two of three
+assert all(alone[name][1] <= validation[name]["held_out"][1] + 0.01 for name in alone)
+
+# %% [markdown]
+# The two measurements of one shape agree closely (median difference about 2%, 90th
+# percentile about 5%): the GPU is not noisy. The misses are the GEMM library's: it picks
+# its kernel by shape from a table, and a shape's slow bands repeat from file to file
+# (on the H100 at [M, 8192] x [8192, 8192], rows 392-416, 536-640 and 904-1024 run 20-35%
+# slow in both files). A model of tiles and waves cannot derive such a table, and fitted
+# to each file alone it still leaves a 90th percentile above 12% on two of the three H100
+# files: issue 28's held-out target for the H100 lies under this model's floor.
+#
+# And the 512-row comparison itself moves with the chunk. The measured ratio, and the
+# model's, for chunks of 384 to 696 rows:
+
+# %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
+fig, axes = plt.subplots(1, 2, figsize=(9, 3.2), sharey=True)
+sweeps = {}
+for ax, gpu in zip(axes, ("a100", "h100")):
+    sweeps[gpu] = op_profiles.chunked_vs_whole_sweep(op_profiles.profile_dir() / f"{gpu}_Llama-2-7b-hf.csv",
+                                                     range(384, 704, 8))
+    chunks, measured, model = zip(*sweeps[gpu])
+    ax.plot(chunks, measured, ".-", ms=3, lw=0.8, label="measured")
+    ax.plot(chunks, model, "-", lw=1.2, label="cost model")
+    ax.axhline(1.0, color="grey", lw=0.5)
+    ax.axvline(512, color="grey", lw=0.5, ls=":")
+    ax.set_title(f"{gpu.upper()}, Llama-2-7B: 4 x chunk vs 1 x (4 chunk)", fontsize=9)
+    ax.set_xlabel("chunk (rows)")
+axes[0].set_ylabel("time ratio, linear ops")
+axes[0].legend(fontsize=7)
+plt.show()
+for gpu, sweep in sweeps.items():
+    measured = [m for _, m, _ in sweep]
+    print(f"{gpu}: measured ratio {min(measured):.2f}-{max(measured):.2f} over chunks 384-696")
+
+# %% slideshow={"slide_type": "skip"}
+a100_range = [m for _, m, _ in sweeps["a100"]]
+h100_range = [m for _, m, _ in sweeps["h100"]]
+assert min(a100_range) < 0.97 and max(a100_range) > 1.15           # quoted below
+assert min(h100_range) > 1.1 and max(h100_range) > 1.4
+for gpu, sweep in sweeps.items():
+    at = {chunk: m for chunk, m, _ in sweep}
+    assert 0.04 < at[520] / at[504] - 1 < 0.15, gpu                  # 504 vs 520 rows, quoted below
+
+# %% [markdown]
+# On the A100 the measured ratio runs from below 1 to about 1.2 as the chunk moves, on
+# the H100 from about 1.2 to nearly 1.5; 504 and 520 rows already differ by 5-14%. The
+# model's steps fall at the same chunk sizes (where a new row of tiles starts a partial
+# wave), but its level is off by several percent on each GPU. So a 2% match at 512 alone
+# would sit inside the ratio's own steps; what carries over is the shape of the curve:
+# **chunking's GEMM price on a GPU depends on where the step's rows fall against the tile
+# and the waves, and it is larger on the H100**, whose 132 SMs need more rows to fill.
+
 # %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 errors = op_profiles.linear_op_errors(op_profiles.profile_dir() / "a100_Meta-Llama-3-8B.csv")
 fig, ax = plt.subplots(figsize=(6.5, 3.6))
