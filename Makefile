@@ -31,9 +31,13 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 lab: $(STAMP) kernels
 	env -u MPLBACKEND $(VENV)/bin/jupyter lab $(ROOT_FLAG) --ServerApp.root_dir=. notebooks/00_roadmap.ipynb
 
-# Every test: unit and property tests, then every chapter and solution notebook.
+# Every test: unit and property tests, every chapter and solution notebook. Two workers
+# (pytest-xdist), each test module and each notebook kept whole on one of them
+# (--dist loadscope), torch one thread per worker so the two never fight over the
+# cores; then, by itself, the test that loads every core on purpose (marked `alone`).
 test: $(STAMP) kernels
-	$(PY) -m pytest -q tests --nbval-lax notebooks exercises/solutions
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadscope -m "not alone" tests --nbval-lax notebooks exercises/solutions
+	$(PY) -m pytest -q -m alone tests
 
 # Only the unit and property tests (seconds to a few minutes).
 test-fast: $(STAMP) kernels

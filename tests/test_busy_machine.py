@@ -5,11 +5,11 @@ machine. The tests marked `timing` (pyproject.toml) are the ones that read a
 clock: each compares times measured in alternation within one loop, by a margin
 load cannot close, or accepts a fit only with the profile's own word that the
 machine was quiet (calibration.timing_spread). With them run the chapters that
-assert on measured times and take seconds (0 and 3; chapter 6, a minute of real
-runs, is checked under load by running the whole suite so, as docs/benchmarks.md
-records). Here they run in a child pytest while one `while True: pass` process
-per core competes with them; they must still pass. The busy processes are this
-test's own, killed when it ends.
+assert on close measured ratios and take seconds (3; chapters 0 and 6 are checked
+under load by running the whole suite so, as docs/benchmarks.md records). Here they
+run in a child pytest while one busy-loop process per core competes with them; they
+must still pass. The busy processes are this test's own, killed when it ends. `make
+test` runs this test by itself (marked `alone`), after the parallel part.
 """
 import os
 import subprocess
@@ -28,8 +28,10 @@ BUSY_LOOP = "import os\nparent = os.getppid()\nwhile os.getppid() == parent: pas
 # The child run's limit: a machine far busier than a loop per core fails here by
 # timing out, not by a wrong number.
 TIMEOUT_S = 420
-# Chapters whose cells assert on wall-clock ratios (each timed in turns, medians of rounds).
-TIMING_NOTEBOOKS = ("notebooks/00_roadmap.ipynb", "notebooks/03_kv_cache.ipynb")
+# Chapters whose cells assert on close wall-clock ratios (timed in turns, medians of
+# rounds). Chapter 0's timed claims are ratios of 10x and more (a 2048-token prefill
+# against a decode step): the whole suite under load, docs/benchmarks.md, covers them.
+TIMING_NOTEBOOKS = ("notebooks/03_kv_cache.ipynb",)
 
 
 def _cores() -> int:
@@ -73,6 +75,7 @@ def test_a_busy_loop_on_every_core_makes_minillm_sleep_its_idle_threads():
     assert seen == "PASSIVE"
 
 
+@pytest.mark.alone
 def test_the_timing_tests_pass_with_a_busy_loop_on_every_core(tmp_path):
     busy = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(_cores())]
     try:

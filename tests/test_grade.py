@@ -64,7 +64,9 @@ def test_grade_a_solution_a_learner_copy_and_a_partly_done_copy(tmp_path, kernel
 
 
 def test_grade_command_exits_0_on_a_failing_notebook_and_2_when_misused(tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    # the table is as wide as the terminal says (COLUMNS): pinned, so the wrap below is the same under any runner
+    env = {**os.environ, "COLUMNS": "120",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     run = lambda *args: subprocess.run([sys.executable, "-m", "minillm", "grade", *args], cwd=ROOT, env=env,
                                        capture_output=True, text=True, timeout=600)
     # a four-task notebook: one passes, one is a stub, one fails a checker, one crashes in the learner's code
