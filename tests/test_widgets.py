@@ -74,8 +74,16 @@ def test_measure_mode_offers_the_real_model_and_counts_its_steps(monkeypatch):
     plt.close("all")
 
 
-def test_choosing_this_machine_says_it_is_calibrating_when_nothing_is_cached(monkeypatch):
-    # calibrate() times real steps for ~20 s the first time: the lab says so first.
+def test_choosing_this_machine_says_it_is_calibrating_when_nothing_is_cached(monkeypatch, tmp_path):
+    # calibrate() times real steps for ~20 s the first time: the lab says so first. What is
+    # checked is the message; the calibration behind it is a quick one (7 shapes, one
+    # repeat, its own file), and the lab forgets the run it simulated with it.
+    from minillm.sim import hardware
+    real_calibrate = hardware.calibrate
+    quick = [(0, 1, 8), (0, 3, 8), (8, 1, 8), (16, 2, 0), (32, 1, 16), (4, 4, 4), (0, 2, 64)]
+    monkeypatch.setattr(hardware, "calibrate", lambda **_: real_calibrate(
+        shapes=quick, repeats=1, progress=False, cache_path=tmp_path / "hw.json", max_spread=None))
+    monkeypatch.setattr(lab.LAB, "simulated", {})
     monkeypatch.setattr(widgets, "is_calibrated", lambda: False)
     view = widgets.LabView(num_decoders=1, prompt_len=128, chunk_size=64, model="tiny")
     lines = []
