@@ -1,6 +1,7 @@
 """The lab widget only wires controls to figures.py; bad settings become a message."""
 import ipywidgets
 import matplotlib.pyplot as plt
+import pytest
 from matplotlib.figure import Figure
 
 from minillm.book import lab
@@ -74,6 +75,8 @@ def test_measure_mode_offers_the_real_model_and_counts_its_steps(monkeypatch):
     plt.close("all")
 
 
+# one timing per step cannot say how busy the machine was: the quick fit warns so, as it should
+@pytest.mark.filterwarnings("ignore::minillm.sim.calibration.NoisyCalibrationWarning")
 def test_choosing_this_machine_says_it_is_calibrating_when_nothing_is_cached(monkeypatch, tmp_path):
     # calibrate() times real steps for ~20 s the first time: the lab says so first. What is
     # checked is the message; the calibration behind it is a quick one (7 shapes, one
