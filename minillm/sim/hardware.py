@@ -69,11 +69,16 @@ def _calibration_key(device, dtype, shapes, statistic, cache_path):
     decodes = f"paged kernel {kernels.library_path().stem}" \
         if attention.uses_paged_decode_kernel(torch.empty(0, dtype=dtype, device=dev)) else "gather"
     from .. import host_memory
+    # A CPU step's time depends on how many threads torch runs it with: `make test` runs
+    # with one per worker, the lab with all of them; one's profile is not the other's.
+    threads = f"{torch.get_num_threads()} threads" if dev.type == "cpu" else "device"
     key = (str(dev), dtype_name, torch.__version__, "tiny", repr(shapes), f"{len(FACTORS)} factors", statistic,
+           threads,
            "timing spread recorded",
            f"decodes: {decodes}", f"freed host memory kept: {host_memory.keep_freed_memory()}")
     path = Path(cache_path) if cache_path is not None else \
-        cache_dir() / f"steps-{dev.type}{dev.index or ''}-{dtype_name}-torch{torch.__version__}.json"
+        cache_dir() / (f"steps-{dev.type}{dev.index or ''}-{dtype_name}-torch{torch.__version__}"
+                       + (f"-{torch.get_num_threads()}threads" if dev.type == "cpu" else "") + ".json")
     return dev, dtype, shapes, key, path
 
 
