@@ -38,6 +38,7 @@ __all__ = [
     "error_summary", "fit_hardware_factors", "held_out_errors", "PROFILE_HARDWARE", "LINEAR_OPS",
     "FITTED_OPS", "MAX_ROWS", "NEUTRAL_START", "NON_ATTENTION_OPS", "measured_layer_s",
     "chunked_vs_whole", "chunked_vs_whole_sweep", "gemm_shapes", "same_shape_spread", "per_file_fit_errors",
+    "row_band_transfer",
 ]
 
 PROFILE_HARDWARE = {"a100": "A100-80GB", "h100": "H100-SXM"}   # file prefix -> profile name
@@ -276,10 +277,22 @@ NEUTRAL_START = dict(gemm_tiles=((64, 64, 0.7, 0.5), (128, 128, 0.7, 0.5), (128,
 # a soft overlap, microsecond launches.
 
 
+_REFITS: dict = {}
+
+
 def _refit(profiles, hardware, trials, seed, row_stride):
-    """fit_hardware_factors from NEUTRAL_START on every row_stride-th row of profiles."""
-    start = gpu_profile(hardware).replace(**NEUTRAL_START)
-    return fit_hardware_factors([p.every(row_stride) for p in profiles], start, trials=trials, seed=seed)
+    """fit_hardware_factors from NEUTRAL_START on every row_stride-th row of profiles.
+
+    Kept in this process, keyed by the files' contents and the search's settings (a
+    search is deterministic): the held-out errors and row_band_transfer make the same
+    fits, a few seconds each."""
+    key = (tuple((p.cfg, tuple(p.num_tokens), tuple((op, tuple(t)) for op, t in sorted(p.times_s.items())))
+                 for p in profiles), str(hardware), trials, seed, row_stride)
+    if key not in _REFITS:
+        start = gpu_profile(hardware).replace(**NEUTRAL_START)
+        _REFITS[key] = fit_hardware_factors([p.every(row_stride) for p in profiles], start, trials=trials,
+                                            seed=seed)
+    return _REFITS[key]
 
 
 def held_out_errors(paths=None, trials: int = 900, seed: int = 0, row_stride: int = 3) -> dict:
@@ -291,17 +304,22 @@ def held_out_errors(paths=None, trials: int = 900, seed: int = 0, row_stride: in
     left-out file over LINEAR_OPS. in_sample: the shipped factors, fitted on
     all files of the GPU, the left-out one included.
     """
+    return {prof.path.name: {"in_sample": error_summary(linear_op_errors(prof)),
+                             "held_out": error_summary(linear_op_errors(prof, refit)),
+                             "fitted_on": [p.path.name for p in others]}
+            for prof, others, refit in _held_out_fits(paths, trials, seed, row_stride)}
+
+
+def _held_out_fits(paths, trials, seed, row_stride):
+    """[(profile, the other files of its GPU, the factors refitted on those)] for each file."""
     profiles = [_as_profile(p) for p in (paths if paths is not None else profile_paths())]
-    out = {}
+    out = []
     for prof in profiles:
         others = [p for p in profiles if p.gpu == prof.gpu and p.path != prof.path]
         if not others:
             raise ValueError(f"paths: {prof.path.name} is the only {prof.gpu} file; "
                              "a held-out fit needs at least one other file of the same GPU")
-        refit = _refit(others, prof.hardware, trials, seed, row_stride)
-        out[prof.path.name] = {"in_sample": error_summary(linear_op_errors(prof)),
-                               "held_out": error_summary(linear_op_errors(prof, refit)),
-                               "fitted_on": [p.path.name for p in others]}
+        out.append((prof, others, _refit(others, prof.hardware, trials, seed, row_stride)))
     return out
 
 
@@ -345,11 +363,12 @@ def chunked_vs_whole(profile, chunk: int, total: int, hardware=None) -> dict:
 
 
 # ---- how low can the error go? -------------------------------------------------
-# Three measurements of the floor under the cost model's error, for the book:
+# Four measurements of the floor under the cost model's error, for the book:
 # the same GEMM shape measured in two files (how much a prediction by shape must
 # miss one of them by), each file fitted alone (the best this model's form reaches
-# on it), and the chunked/whole ratio at neighbouring chunk sizes (how much one
-# ratio moves when the chunk moves by a few rows).
+# on it), whether the slow bands of rows can be learned from the other files
+# (they cannot), and the chunked/whole ratio at neighbouring chunk sizes (how much
+# one ratio moves when the chunk moves by a few rows).
 
 def gemm_shapes(cfg: ModelConfig) -> dict:
     """op -> (K, N) of the four GEMMs of a layer, as cost_model.layer_linear_times_s prices them."""
@@ -411,6 +430,35 @@ def per_file_fit_errors(paths=None, trials: int = 900, seed: int = 0, row_stride
     return {prof.path.name: error_summary(linear_op_errors(prof, _refit([prof], prof.hardware, trials, seed,
                                                                          row_stride)))
             for prof in profiles}
+
+
+def row_band_transfer(paths=None, trials: int = 900, seed: int = 0, row_stride: int = 3) -> dict:
+    """Can a file's slow bands of rows be learned from the OTHER files of its GPU?
+
+    For each file: refit from NEUTRAL_START on the other files (as held_out_errors
+    does), take that fit's miss at each row count on those files, log(measured /
+    predicted), its median over their four GEMMs, and multiply this file's predictions
+    by exp(that miss) at the same row count. If the GEMM library ran slow at the same
+    row counts whatever the shape, the correction would remove the bands; if its
+    choice depends on the shape (K, N), it cannot help. file name -> {"held_out":
+    (median, p90), "row_corrected": (median, p90), "fitted_on": [names]}, |error| over
+    FITTED_OPS and rows up to MAX_ROWS (the four GEMMs: the correction is learned per
+    GEMM, so the mlp sum is left out).
+    """
+    out = {}
+    for prof, others, refit in _held_out_fits(paths, trials, seed, row_stride):
+        misses = {}
+        for other in others:
+            for rows in linear_op_errors(other, refit, ops=FITTED_OPS).values():
+                for m, measured_s, predicted_s, _ in rows:
+                    misses.setdefault(m, []).append(math.log(measured_s / predicted_s))
+        band = {m: math.exp(float(np.median(v))) for m, v in misses.items()}
+        errors = linear_op_errors(prof, refit, ops=FITTED_OPS)
+        corrected = {op: [(m, t, p * band.get(m, 1.0), p * band.get(m, 1.0) / t - 1) for m, t, p, _ in rows]
+                     for op, rows in errors.items()}
+        out[prof.path.name] = {"held_out": error_summary(errors), "row_corrected": error_summary(corrected),
+                               "fitted_on": [p.path.name for p in others]}
+    return out
 
 
 def chunked_vs_whole_sweep(profile, chunks, steps: int = 4, hardware=None) -> list[tuple[int, float, float]]:

@@ -455,7 +455,7 @@ for gpu in ("a100", "h100"):
 # ### How close can a model of tiles and waves come?
 #
 # Misses of 5-17% invite a question: is the model too crude, or is there a floor that
-# no model predicting a GEMM from its shape can go under? Three measurements answer it.
+# no model predicting a GEMM from its shape can go under? Four measurements answer it.
 #
 # 1. **The same shape, measured twice.** Llama-2-7B's and Llama-3-8B's o_proj are the
 #    same GEMM ([M, 4096] x [4096, 4096]), and so are CodeLlama-34B's and Qwen-72B's
@@ -464,7 +464,10 @@ for gpu in ("a100", "h100"):
 # 2. **Each file fitted alone.** Fit the factors on one H100 file and test on that same
 #    file: the best this model's form reaches there, below both the shipped (one set per
 #    GPU) and the held-out errors.
-# 3. **The ratio at neighbouring chunk sizes.** How much does the measured 4 x chunk vs
+# 3. **The slow rows, learned from the other files.** If the GEMM library ran slow at the
+#    same row counts whatever the shape, a held-out file's misses could be learned from
+#    the other files: correct each prediction by their median miss at that row count.
+# 4. **The ratio at neighbouring chunk sizes.** How much does the measured 4 x chunk vs
 #    1 x (4 chunk) ratio move when the chunk moves by 8 rows?
 
 # %% slideshow={"slide_type": "subslide"}
@@ -479,12 +482,24 @@ print(f"\n{'file':36s} {'fitted alone: median, p90':>26s} {'held out: p90':>14s}
 for name, (med, p90) in alone.items():
     print(f"{name:36s} {med:13.1%} {p90:8.1%} {validation[name]['held_out'][1]:13.1%}")
 
+# %% slideshow={"slide_type": "subslide"}
+# NBVAL_IGNORE_OUTPUT
+# the same held-out fits as above (kept in this process), the four GEMMs of each file
+transfer = op_profiles.row_band_transfer([p for p in op_profiles.profile_paths() if p.name.startswith("h100")])
+print(f"{'file':36s} {'held out: median, p90':>22s} {'corrected by row count':>24s}")
+for name, r in transfer.items():
+    print(f"{name:36s} {r['held_out'][0]:11.1%} {r['held_out'][1]:6.1%} "
+          f"{r['row_corrected'][0]:15.1%} {r['row_corrected'][1]:6.1%}")
+
 # %% slideshow={"slide_type": "skip"}
 spread = op_profiles.same_shape_spread()
 assert len(spread) == 2 and all(p["median"] < 0.03 and p["p90"] < 0.07 for p in spread)   # quoted below
 h100_alone_p90 = sorted(p90 for _, p90 in alone.values())
 assert h100_alone_p90[-1] > 0.12 and h100_alone_p90[-2] > 0.12                          # two of three
 assert all(alone[name][1] <= validation[name]["held_out"][1] + 0.01 for name in alone)
+assert all(r["row_corrected"][1] > 0.12 for r in transfer.values())                    # quoted below
+l2 = transfer["h100_Llama-2-7b-hf.csv"]
+assert l2["row_corrected"][1] > l2["held_out"][1] + 0.03                                   # worse
 
 # %% [markdown]
 # The two measurements of one shape agree closely (median difference about 2%, 90th
@@ -493,7 +508,11 @@ assert all(alone[name][1] <= validation[name]["held_out"][1] + 0.01 for name in 
 # (on the H100 at [M, 8192] x [8192, 8192], rows 392-416, 536-640 and 904-1024 run 20-35%
 # slow in both files). A model of tiles and waves cannot derive such a table, and fitted
 # to each file alone it still leaves a 90th percentile above 12% on two of the three H100
-# files: issue 28's held-out target for the H100 lies under this model's floor.
+# files: issue 28's held-out target for the H100 lies under this model's floor. Nor can
+# the bands be learned from the other files by row count: corrected so, the 90th
+# percentile stays above 12% on every H100 file (the four GEMMs: 16-24%), and on
+# Llama-2-7B, the one 4096-wide model, it gets worse. Where the library switches kernels
+# depends on the whole shape (K and N too), not on the rows alone.
 #
 # And the 512-row comparison itself moves with the chunk. The measured ratio, and the
 # model's, for chunks of 384 to 696 rows:
