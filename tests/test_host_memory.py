@@ -38,6 +38,9 @@ print(json.dumps({"applied": applied_by_the_runner, "faults": [cycle() for _ in 
 """
 
 
+FRESH_PAGES = (48 << 20) // 4096        # the two buffers of a cycle, in 4 KiB pages
+
+
 def _probe(keep: str) -> dict:
     env = dict(os.environ, MINILLM_KEEP_FREED_MEMORY=keep)
     out = subprocess.run([sys.executable, "-c", PROBE], env=env, check=True, capture_output=True, text=True)
@@ -47,11 +50,12 @@ def _probe(keep: str) -> dict:
 def test_a_model_runner_keeps_freed_buffers_so_later_steps_do_not_fault_them_in():
     kept = _probe("1")
     assert kept["applied"] is True                # the runner set it, not the probe
-    first = kept["faults"][0]
-    assert first > 8000                           # 48 MB is ~12,000 fresh 4 KiB pages the first time
-    # The heap may still grow once while it settles (a small allocation can land in
-    # the freed space); after that the same buffers are reused.
-    assert all(n < first // 100 for n in kept["faults"][3:])
+    # The first cycles fault the buffers in: 48 MB is 12,288 fresh 4 KiB pages, less what
+    # the heap already held free from building the model (that varies, so the first cycle
+    # alone can fault in only half: 6,528 then 6,144 in one run). After the heap has grown
+    # to hold them, the same buffers are reused.
+    assert sum(kept["faults"][:3]) > 8000, kept
+    assert all(n < FRESH_PAGES // 100 for n in kept["faults"][3:]), kept
 
 
 def test_glibcs_defaults_fault_the_buffers_in_again_which_is_what_the_setting_removes():
