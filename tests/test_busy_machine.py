@@ -7,9 +7,10 @@ load cannot close, or accepts a fit only with the profile's own word that the
 machine was quiet (calibration.timing_spread). With them run the chapters that
 assert on close measured ratios and take seconds (3; chapters 0 and 6 are checked
 under load by running the whole suite so, as docs/benchmarks.md records). Here they
-run in a child pytest while one busy-loop process per core competes with them; they
-must still pass. The busy processes are this test's own, killed when it ends. `make
-test` runs this test by itself (marked `alone`), after the parallel part.
+run in child pytests, the tests on two workers as `make test` runs them and the
+chapters beside them, while one busy-loop process per core competes with all three;
+they must still pass. The busy processes are this test's own, killed when it ends.
+`make test` runs this test by itself (marked `alone`), after the parallel part.
 """
 import os
 import shutil
@@ -91,12 +92,19 @@ def test_the_timing_tests_pass_with_a_busy_loop_on_every_core(tmp_path):
     env.update(MINILLM_CACHE_DIR=str(cache), OMP_NUM_THREADS="1")
     busy = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(_cores())]
     try:
-        tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "timing", "-p", "no:cacheprovider",
-                                *map(str, timing_test_files())],
-                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-        chapters = subprocess.run([sys.executable, "-m", "pytest", "-q", "--nbval-lax", "-p", "no:cacheprovider",
-                                   *TIMING_NOTEBOOKS],
-                                  cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+        # The chapters and the timing tests at once, the tests on two workers as `make test`
+        # runs them: three runs and a busy loop per core share the cores.
+        chapters = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "--nbval-lax", "-p", "no:cacheprovider",
+                                     *TIMING_NOTEBOOKS], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+        try:
+            tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "timing", "-p", "no:cacheprovider",
+                                    "-n", "2", "--dist", "loadscope", *map(str, timing_test_files())],
+                                   cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+            stdout, stderr = chapters.communicate(timeout=TIMEOUT_S)
+        finally:
+            chapters.kill()
+        chapters = subprocess.CompletedProcess(chapters.args, chapters.returncode, stdout, stderr)
         still_busy = [p.poll() is None for p in busy]
     finally:
         for p in busy:
