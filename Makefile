@@ -40,8 +40,10 @@ lab: $(STAMP) kernels
 # (pytest-xdist), each test module and each notebook kept whole on one of them
 # (--dist loadscope), torch one thread per worker so the two never fight over the
 # cores; then, by itself, the test that loads every core on purpose (marked `alone`).
+# The chapters come first: the longest pieces are handed out early, and the many short
+# test modules fill in at the end, so neither worker waits long for the other.
 test: $(STAMP) kernels
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadscope -m "not alone" tests --nbval-lax notebooks exercises/solutions
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadscope -m "not alone" --nbval-lax notebooks exercises/solutions tests
 	$(PY) -m pytest -q -m alone tests
 
 # Only the unit and property tests (seconds to a few minutes).
