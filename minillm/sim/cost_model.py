@@ -121,7 +121,7 @@ class GemmTiling:
 
 def _tile_compute_s(m, k, n, tile_m, tile_n, efficiency, wave_quantization, hw):
     """(row tiles, column tiles, seconds) of the tile kernel (tile_m, tile_n) on [m, k] x [k, n]."""
-    row_tiles, col_tiles = _ceil(m / tile_m), math.ceil(n / tile_n)
+    row_tiles, col_tiles = _ceil(m / tile_m), _ceil(n / tile_n)
     tile_flops = 2 * tile_m * tile_n * k
     if hw.num_sms:
         # Each SM computes one tile at a time: the work is the waves, a partial last
@@ -208,7 +208,9 @@ def gemm_time_s(m, k: int, n: int, hw: Hardware, dtype_bytes: int = 2):
     Compute: the tiles (M and N padded to the tile) in waves over the SMs, at the
     tile kernel's efficiency; memory: weights, input and output at the streaming
     bandwidth; blended (see _blend); the kernel is the one gemm_tiling chooses.
-    m: tokens, one number or a numpy array of them (then an array of seconds).
+    m: tokens, one number or a numpy array of them (then an array of seconds; k and
+    n may then be arrays of the same length too: many GEMMs priced at once, as the
+    fit in op_profiles does).
     """
     if isinstance(m, np.ndarray):
         t = np.maximum(_chosen_time_s(_kernels(m, k, n, hw, dtype_bytes), hw) + hw.kernel_launch_s,

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..metrics import percentile
 from ..config import ModelConfig
-from .cost_model import layer_linear_times_s
+from .cost_model import gemm_time_s, layer_linear_times_s
 from .profiles import Hardware, gpu_profile
 
 __all__ = [
@@ -235,19 +235,15 @@ def fit_hardware_factors(paths, hardware, trials: int = 1200, seed: int = 0) -> 
         raise ValueError("paths=[]: need at least one measured profile to fit to")
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 0:
         raise ValueError(f"trials={trials!r}: a number of search steps >= 0, e.g. 600")
-    data = [(prof.cfg, *_rows_and_times(prof, MAX_ROWS, FITTED_OPS)) for prof in profiles]
+    m, k, n, measured, file_of = _stacked_gemm_rows(profiles)
+    rows_per_file = np.bincount(file_of)
     values, ranges = _factors(base)
     rng = random.Random(seed)
 
     def loss(point):
         hw = _with_factors(base, [_to_bounded(u, lo, hi) for u, (lo, hi) in zip(point, ranges)])
-        total = 0.0
-        for cfg, rows, measured in data:
-            predicted = layer_linear_times_s(cfg, rows, hw)
-            per_row = [np.log1p(((predicted[op] - measured[op]) / measured[op] / ROBUST_SCALE) ** 2)
-                       for op in FITTED_OPS]
-            total += float(np.mean(per_row))
-        return total / len(data)
+        per_row = np.log1p(((gemm_time_s(m, k, n, hw) - measured) / measured / ROBUST_SCALE) ** 2)
+        return float(np.mean(np.bincount(file_of, per_row) / rows_per_file))
 
     # gemm_fill_waves moves the loss in steps (a tile is taken or not), where a simplex
     # cannot find its way: the search starts from each of FILL_WAVES_STARTS in turn
@@ -267,6 +263,19 @@ def fit_hardware_factors(paths, hardware, trials: int = 1200, seed: int = 0) -> 
 
 
 FILL_WAVES_STARTS = (1.0, 2.0, 4.0)
+
+
+def _stacked_gemm_rows(profiles):
+    """Every fitted GEMM row of every file as flat arrays (M, K, N, measured seconds, file
+    index): the fit prices them all in one call instead of one per file and operator."""
+    parts = []
+    for i, prof in enumerate(profiles):
+        rows, measured = _rows_and_times(prof, MAX_ROWS, FITTED_OPS)
+        for op in FITTED_OPS:
+            k, n = gemm_shapes(prof.cfg)[op]
+            parts.append((rows, np.full(rows.shape, k), np.full(rows.shape, n), measured[op],
+                          np.full(rows.shape, i)))
+    return tuple(np.concatenate(column) for column in zip(*parts))
 
 
 NEUTRAL_START = dict(gemm_tiles=((64, 64, 0.7, 0.5), (128, 128, 0.7, 0.5), (128, 256, 0.7, 0.5)),
