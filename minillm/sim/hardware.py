@@ -125,7 +125,8 @@ def calibrate(device=None, dtype=None, force: bool = False, repeats: int = 5, pr
     5-15% quicker than the typical one, and a profile fitted to it simulates
     the engine that much too fast.
     Cached in this process and on disk (cache_dir(), keyed by device, dtype,
-    torch version and the shapes); force=True measures again.
+    torch version, the shapes and, on a CPU, torch's thread count); force=True
+    measures again.
 
     A busy machine: the profile records how spread the repeats of each step
     were (`timing_spread`: the typical run over the fastest, minus one) and
