@@ -20,6 +20,7 @@ import torch
 from .detokenizer import IncrementalDetokenizer
 from .device import free_memory_bytes, synchronize
 from .kv_cache import BlockManager, blocks_for, check_pool_fits
+from .logprobs import logprob_dicts
 from .model import LlamaModel
 from .model_runner import ModelRunner, StepChunk
 from .prefill import check_prompt
@@ -81,6 +82,23 @@ class RequestFailed(Exception):
     """What an executor hands back, in place of a token, for a request whose
     part of the step failed (e.g. its sampling raised): that request finishes
     with finish_reason="error" and the others keep going."""
+
+
+@dataclass
+class Sampled:
+    """What an executor hands back for one request of a step, when a bare
+    token id does not say it all (an int t means Sampled([t]))."""
+    token_ids: list[int]                                   # emitted this step, in order ([] mid-prompt)
+    logprobs: list[dict[int, float]] | None = None         # one per token, for a request that asked
+    prompt_logprobs: list[dict[int, float]] = field(default_factory=list)   # prompt positions from:
+    first_prompt_position: int = 0
+
+
+def as_sampled(result) -> Sampled | RequestFailed | None:
+    """An executor's answer for one request, in one shape (None: it gave none)."""
+    if is_int(result):
+        return Sampled([int(result)])
+    return result
 
 
 class EngineCore:
@@ -250,23 +268,19 @@ class EngineCore:
         end = self.clock.now()
         outputs = []
         for (request, n), emits in zip(plan.scheduled, emits_token):
-            token = sampled_tokens.get(request.request_id) if emits else None
-            if emits and not is_int(token):
-                error = str(token) if isinstance(token, RequestFailed) else f"executor gave no token: {token!r}"
+            result = as_sampled(sampled_tokens.get(request.request_id))
+            error = self._result_error(request, result, emits)
+            if error is not None:
                 self._finish(request, "error", end, error=error)
                 outputs.append(request.to_output())
                 continue
             request.num_computed_tokens += n
             self.block_manager.cache_computed_blocks(request)   # prefix caching: name full blocks
+            if result is not None and result.prompt_logprobs:
+                request.add_prompt_logprobs(result.first_prompt_position, result.prompt_logprobs)
             if not emits:
                 continue
-            request.append_token(token, end)
-            reason = request.check_stop(self.eos_token_ids)
-            if reason is None and self.max_model_len is not None and request.num_tokens >= self.max_model_len:
-                reason = "length"
-            if reason is not None:
-                self._finish(request, reason, end)
-            self._on_token(request)
+            self._append_tokens(request, result, end)
             outputs.append(request.to_output())
         self._record(StepRecord(
             start=start, end=end,
@@ -274,6 +288,37 @@ class EngineCore:
             num_prefill_tokens=plan.num_tokens - num_decode_tokens, num_decode_tokens=num_decode_tokens,
             preempted=[r.request_id for r in plan.preempted]))
         return outputs
+
+    @staticmethod
+    def _result_error(request: Request, result, emits: bool) -> str | None:
+        """Why the executor's answer for this request cannot be used (None: it can)."""
+        if isinstance(result, RequestFailed):
+            return str(result)
+        if result is not None and not isinstance(result, Sampled):
+            return f"executor gave no token: {result!r}"
+        if emits and (result is None or not result.token_ids):
+            return f"executor gave no token: {result!r}"
+        if result is not None and result.prompt_logprobs and request.prompt_logprobs is not None \
+                and result.first_prompt_position != len(request.prompt_logprobs):
+            return (f"executor gave prompt logprobs from position {result.first_prompt_position}, "
+                    f"but the next missing one is {len(request.prompt_logprobs)}")
+        return None
+
+    def _append_tokens(self, request: Request, result: Sampled, time_s: float) -> None:
+        """Append the step's tokens (with their logprobs) until one stops the request:
+        nothing after a stop token, nothing past max_tokens or the context."""
+        for i, token in enumerate(result.token_ids):
+            request.append_token(token, time_s)
+            if request.logprobs is not None and result.logprobs is not None:
+                request.logprobs.append(result.logprobs[i])
+            reason = request.check_stop(self.eos_token_ids)
+            if reason is None and self.max_model_len is not None and request.num_tokens >= self.max_model_len:
+                reason = "length"
+            if reason is not None:
+                self._finish(request, reason, time_s)
+            self._on_token(request)
+            if reason is not None:
+                return
 
     def _record(self, record: StepRecord) -> None:
         self.trace.append(record)
@@ -404,24 +449,53 @@ class ModelExecutor:
         self._generators: dict[int, torch.Generator | None] = {}
 
     def execute(self, plan: ScheduledStep, emits_token: list[bool]):
-        chunks = [StepChunk(r.request_id, r.token_ids(r.num_computed_tokens, r.num_computed_tokens + n),
-                            r.num_computed_tokens, sample=emits)
-                  for (r, n), emits in zip(plan.scheduled, emits_token)]
-        logits = self.runner.execute(chunks)                         # [num sampled, vocab]
-        tokens, row = {}, 0
-        for (request, _), emits in zip(plan.scheduled, emits_token):
-            if emits:
-                tokens[request.request_id] = self._sample(request, logits[row])
-                row += 1
+        chunks = [self._chunk(r, n, emits) for (r, n), emits in zip(plan.scheduled, emits_token)]
+        logits = self.runner.execute(chunks)                         # [rows asked for, vocab]
+        results, row = {}, 0
+        for (request, _), emits, chunk in zip(plan.scheduled, emits_token, chunks):
+            num_rows = len(chunk.rows_with_logits())
+            if num_rows:
+                results[request.request_id] = self._outcome(request, chunk, logits[row:row + num_rows], emits)
+            row += num_rows
         synchronize(self.device)
-        return tokens, None
+        return results, None
 
-    def _sample(self, request, logits: torch.Tensor) -> int | RequestFailed:
-        """One request's token; a failure here is that request's alone."""
+    @staticmethod
+    def _chunk(request, num_new: int, emits: bool) -> StepChunk:
+        """The request's tokens of this step, and the rows whose logits it needs:
+        the last one to sample from, and for prompt_logprobs every row that
+        predicts a prompt token not yet scored (row at position p scores token p + 1)."""
+        start = request.num_computed_tokens
+        chunk = StepChunk(request.request_id, request.token_ids(start, start + num_new), start, sample=emits)
+        first_missing = request.next_prompt_logprob_position()
+        if first_missing is not None:
+            rows = list(range(max(first_missing - 1, start) - start,
+                              min(request.prompt_len - 1, start + num_new) - start))
+            chunk.logits_rows = rows + ([num_new - 1] if emits else [])
+        return chunk
+
+    def _outcome(self, request, chunk: StepChunk, logits: torch.Tensor, emits: bool) -> Sampled | RequestFailed:
+        """One request's part of the step from its logits rows; a failure here is that request's alone.
+
+        logits: [rows, vocab] for chunk.rows_with_logits(), the sampled row last."""
         try:
-            if request.request_id not in self._generators:
-                self._generators[request.request_id] = make_generator(request.params, request.request_id)
-            return sample_token(logits.float(), request.params, self._generators[request.request_id])
+            params = request.params
+            num_prompt_rows = len(logits) - int(emits)
+            outcome = Sampled([])
+            if num_prompt_rows:
+                first_row = chunk.rows_with_logits()[0]
+                first_position = chunk.num_cached + first_row + 1        # the prompt token it scores
+                scored = request.prompt_token_ids[first_position:first_position + num_prompt_rows]
+                outcome.prompt_logprobs = logprob_dicts(logits[:num_prompt_rows], scored, params.prompt_logprobs)
+                outcome.first_prompt_position = first_position
+            if emits:
+                if request.request_id not in self._generators:
+                    self._generators[request.request_id] = make_generator(params, request.request_id)
+                token = sample_token(logits[-1].float(), params, self._generators[request.request_id])
+                outcome.token_ids = [token]
+                if params.logprobs is not None:
+                    outcome.logprobs = logprob_dicts(logits[-1:], [token], params.logprobs)
+            return outcome
         except Exception as e:     # noqa: BLE001 -- any error here is this request's, not the step's
             return RequestFailed(f"sampling failed: {type(e).__name__}: {e}")
 

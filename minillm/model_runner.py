@@ -24,6 +24,14 @@ class StepChunk:
     token_ids: list[int]     # the new tokens, at positions [num_cached, num_cached + len)
     num_cached: int          # tokens of this request already in the cache
     sample: bool = True      # return logits for the last new token
+    # Or name the rows (0-based within the chunk, ascending) whose logits to return:
+    # a request that asked for prompt logprobs needs every prompt row, not only the last.
+    logits_rows: list[int] | None = None
+
+    def rows_with_logits(self) -> list[int]:
+        if self.logits_rows is not None:
+            return self.logits_rows
+        return [len(self.token_ids) - 1] if self.sample else []
 
 
 class ModelRunner:
@@ -38,16 +46,16 @@ class ModelRunner:
                                                block_manager.block_size, model.dtype, model.device)
 
     def prepare(self, chunks: list[StepChunk]):
-        """Pack the chunks: (token_ids [T], positions [T], AttentionBatch, logits_indices [S])."""
+        """Pack the chunks: (token_ids [T], positions [T], AttentionBatch, logits_indices [S]),
+        S the rows whose logits are wanted, chunk after chunk."""
         device = self.model.device
         token_ids, positions, slots, logits_indices = [], [], [], []
         for chunk in chunks:
             n, start = len(chunk.token_ids), chunk.num_cached
+            logits_indices += [len(token_ids) + row for row in chunk.rows_with_logits()]
             token_ids += chunk.token_ids
             positions += range(start, start + n)
             slots += self.block_manager.slot_mapping(chunk.request_id, start, start + n)
-            if chunk.sample:
-                logits_indices.append(len(token_ids) - 1)
         batch = AttentionBatch(
             query_lens=[len(c.token_ids) for c in chunks],
             cached_lens=[c.num_cached for c in chunks],
@@ -61,7 +69,7 @@ class ModelRunner:
                 torch.tensor(logits_indices, dtype=torch.long, device=device))
 
     def execute(self, chunks: list[StepChunk], all_logits: bool = False) -> torch.Tensor:
-        """Run one step; logits [num sampled chunks, vocab] (or [T, vocab] if all_logits)."""
+        """Run one step; logits [S, vocab] of the rows the chunks ask for (or [T, vocab] if all_logits)."""
         token_ids, positions, batch, logits_indices = self.prepare(chunks)
         return self.model(token_ids, positions, batch, self.kv_cache,
                           logits_indices=None if all_logits else logits_indices,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from .logprobs import check_num_logprobs
 from .validation import check_bool, check_int, check_int_sequence, check_real
 
 # torch's CPU generator keeps only the low 32 bits of a seed (0, 2**32 and
@@ -26,6 +27,8 @@ class SamplingParams:
     seed: int | None = None           # per-request generator, reproducible alone
     stop_token_ids: tuple[int, ...] | list[int] | None = None
     ignore_eos: bool = False
+    logprobs: int | None = None         # per output token: its logprob and the top k (logprobs.py)
+    prompt_logprobs: int | None = None  # per prompt token after the first: the same
 
     def __post_init__(self):
         # Normalise to plain Python values: numpy integers are welcome, and a
@@ -41,6 +44,8 @@ class SamplingParams:
             stop_token_ids=() if self.stop_token_ids is None else check_int_sequence(
                 "stop_token_ids", self.stop_token_ids, 0, hint="[2] or None"),
             ignore_eos=check_bool("ignore_eos", self.ignore_eos),
+            logprobs=check_num_logprobs("logprobs", self.logprobs),
+            prompt_logprobs=check_num_logprobs("prompt_logprobs", self.prompt_logprobs),
         )
         for name, value in fields.items():
             object.__setattr__(self, name, value)
@@ -95,6 +100,11 @@ class RequestOutput:
     error: str | None = None             # finish_reason "error": what went wrong
     tag: str | None = None               # workload label, e.g. "long" or "decoder"
     text: str | None = None              # the output decoded so far, when the engine has a tokenizer
+    # SamplingParams.logprobs: one {token_id: logprob} per output token (the token, then the top k)
+    logprobs: list[dict[int, float]] | None = None
+    # SamplingParams.prompt_logprobs: one such dict per prompt position, None for the first;
+    # filled chunk by chunk, so a request still in its prefill holds the positions computed so far
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
 
 class Request:
@@ -113,6 +123,9 @@ class Request:
         self.error: str | None = None         # why a request finished with "error"
         self.metrics = RequestMetrics(arrival_time=arrival_time)
         self.text: str | None = None          # set by an engine that has a tokenizer
+        self.logprobs: list[dict[int, float]] | None = None if params.logprobs is None else []
+        self.prompt_logprobs: list[dict[int, float] | None] | None = (
+            None if params.prompt_logprobs is None else [None])
 
     @property
     def num_tokens(self) -> int:
@@ -144,6 +157,20 @@ class Request:
             self.metrics.first_token_time = time_s
         self.metrics.token_times.append(time_s)
 
+    def next_prompt_logprob_position(self) -> int | None:
+        """The first prompt position whose logprobs are still missing (None: not
+        asked, or all there). A recompute after preemption does not fill them twice."""
+        if self.prompt_logprobs is None or len(self.prompt_logprobs) >= self.prompt_len:
+            return None
+        return len(self.prompt_logprobs)
+
+    def add_prompt_logprobs(self, first_position: int, entries: list[dict[int, float]]) -> None:
+        """Record the logprobs of prompt positions first_position, first_position + 1, ..."""
+        if first_position != len(self.prompt_logprobs):
+            raise ValueError(f"prompt logprobs from position {first_position}: positions "
+                             f"0..{len(self.prompt_logprobs) - 1} are filled, so the next is {len(self.prompt_logprobs)}")
+        self.prompt_logprobs.extend(entries[:self.prompt_len - first_position])
+
     def check_stop(self, eos_token_ids: tuple[int, ...]) -> str | None:
         last = self.output_token_ids[-1]
         if not self.params.ignore_eos and last in eos_token_ids:
@@ -161,7 +188,9 @@ class Request:
             prompt_token_ids=None if self.prompt_token_ids is None else list(self.prompt_token_ids),
             prompt_len=self.prompt_len, output_token_ids=list(self.output_token_ids),
             finished=self.is_finished, metrics=self.metrics, finish_reason=self.finish_reason,
-            error=self.error, tag=self.tag, text=self.text)
+            error=self.error, tag=self.tag, text=self.text,
+            logprobs=None if self.logprobs is None else list(self.logprobs),
+            prompt_logprobs=None if self.prompt_logprobs is None else list(self.prompt_logprobs))
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id}, {self.status.value}, prompt={self.prompt_len}, "

@@ -463,6 +463,11 @@ class Scheduler:
         its last token. Returns the tokens this call claimed (0: none)."""
         if request.num_computed_tokens or self.block_manager.block_tables.get(request.request_id):
             return 0
+        # A cached block has no logits: a request that wants its prompt's logprobs
+        # computes the whole prompt, as vLLM V1 does (KVCacheManager.get_computed_blocks,
+        # vllm/v1/core/kv_cache_manager.py at 003df29, skips the lookup for such requests).
+        if request.params.prompt_logprobs is not None:
+            return 0
         request.num_computed_tokens = self.block_manager.claim_cached_prefix(request)
         return request.num_computed_tokens
 
