@@ -15,7 +15,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from ..serve.bench_client import RequestRecord, group_metrics
+from ..serve.bench_client import RequestRecord, group_metrics, meets_slo_ms
 from ._common import call_text, checker, fail as _fail, learner_call, passed
 
 __all__ = ["check_token_chunk_times", "check_client_metrics", "check_guidellm_names", "check_client_goodput",
@@ -225,9 +225,9 @@ def _goodput_records(rng: random.Random):
     return records, rng.uniform(1, 20), slo_ms
 
 
-def _good_count(records, slo_ms, scale):
-    """Requests meeting every SLO with each value multiplied by `scale` before the comparison in ms:
-    1e3 is right; 1 and 1e-3 are the unit slips to name."""
+def _good_count_in_wrong_units(records, slo_ms, scale):
+    """Requests meeting every SLO when each value (seconds) is multiplied by `scale` before it is
+    compared with the milliseconds: 1 and 1e-3 are the unit slips to name."""
     good = 0
     for r in records:
         if not r["success"]:
@@ -253,10 +253,10 @@ def check_client_goodput(client_goodput, seed: int | None = None, *, num_cases: 
         if not _close(got, expected):
             hint = ""
             if _number(got) and "tpot" in slo_ms and _close(
-                    got, sum(r["success"] and r["output_tokens"] > 1 and _good_count([r], slo_ms, 1e3) > 0
-                             for r in records) / duration_s):
+                    got, sum(o.output_tokens > 1 and o.success and meets_slo_ms(o, slo_ms) for o in objs) / duration_s):
                 hint = "A one-token request has no TPOT and meets a TPOT SLO vacuously. "
-            elif _number(got) and any(_close(got, _good_count(records, slo_ms, s) / duration_s) for s in (1, 1e-3)):
+            elif _number(got) and any(_close(got, _good_count_in_wrong_units(records, slo_ms, s) / duration_s)
+                                      for s in (1, 1e-3)):
                 hint = ("Seconds against milliseconds: the records' times are in seconds, slo_ms in milliseconds "
                         "(vllm bench serve's --goodput ttft:500 means 500 ms). ")
             _fail(f"{hint}{len(records)} records over {duration_s:.2f} s, SLOs {slo_ms} ms: you said {got}, expected "

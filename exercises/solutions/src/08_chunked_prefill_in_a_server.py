@@ -19,11 +19,12 @@ from minillm.prefix_cache import ROOT_HASH, hash_block
 # ## 1. Keep tenants apart: a salted chain
 #
 # A server shared by several tenants must not let one tenant's request hit blocks another
-# tenant's prompt cached: the timing of a hit would tell them what the other prompt held.
-# vLLM lets a request carry a `cache_salt` for this (`generate_block_hash_extra_keys` in
-# `vllm/v1/core/kv_cache_utils.py`, vllm-project/vllm at 001cabc): requests with different
-# salts never share a cached block, even for the same tokens; requests with the same salt
-# share prefixes as before.
+# tenant's prompt cached: a hit answers sooner, so its latency tells the attacker what the
+# other prompt held (vllm-project/vllm RFC #16016, "Leaking Secrets from Prefix Caches").
+# vLLM lets a request carry a `cache_salt` for this (PR #17045; `generate_block_hash_extra_keys`
+# in `vllm/v1/core/kv_cache_utils.py`, vLLM at commit 001cabc): requests with different salts
+# never share a cached block, even for the same tokens; requests with the same salt share
+# prefixes as before.
 #
 # Write `salted_hashes(token_ids, block_size, salt=None)`: the names of the full blocks of
 # `token_ids`, in order. Without a salt they must be exactly the engine's names (chapter 8,
@@ -133,16 +134,15 @@ for threshold in (0, 256):
 # behind it, as in task 3. The service wants every short prompt's first token within
 # `max_steps` steps, and the long prompt's first token as soon as that allows. Write
 # `threshold_for_short_ttft(long_len, short_lens, chunk_size, max_steps)`: return `0` if no
-# cap is needed, else the `long_prefill_token_threshold` (from 1 to `chunk_size - 1`) that
-# meets the target and serves the long prompt soonest, or `None` if no threshold meets it.
-# You may use your `first_token_steps`. The checker runs the engine on the thresholds it
-# needs to and measures.
+# cap is needed, else the largest `long_prefill_token_threshold` (from 1 to `chunk_size - 1`)
+# that meets the target (the larger the cap, the more of each step the long prompt keeps), or
+# `None` if no threshold meets it. You may use your `first_token_steps`. The checker runs the
+# engine on the thresholds it needs to and measures.
 #
 # <details><summary>Hint</summary>
 #
-# Which way does the long prompt's first token move as the threshold falls? Which way do
-# the short prompts' move, and is it the same way for every threshold? Check a short
-# prompt longer than the threshold you try.
+# Which way do the short prompts' first tokens move as the threshold falls, and is it the
+# same way for every threshold? Try a short prompt longer than the threshold.
 #
 # </details>
 
