@@ -486,6 +486,9 @@ CASES = {
         ("no_lm_head", floor_from(lambda cfg: cfg.num_layers * cfg.matmul_weights_per_layer), "LM head"),
         ("milliseconds", lambda cfg, hw, d=2: 1e3 * ref07.decode_floor_s(cfg, hw, d), "milliseconds"),
         ("bf16_always", lambda cfg, hw, d=2: ref07.decode_floor_s(cfg, hw, 2), "byte(s) each"),
+        ("no_gqa", floor_from(lambda cfg: cfg.num_layers * (4 * cfg.hidden_size * cfg.q_size
+                                                           + 3 * cfg.hidden_size * cfg.intermediate_size)
+                              + cfg.vocab_size * cfg.hidden_size), "grouped-query"),
         ("embedding_and_head", floor_from(lambda cfg: cfg.num_layers * cfg.matmul_weights_per_layer
                                           + 2 * cfg.vocab_size * cfg.hidden_size), "embedding"),
     ]),

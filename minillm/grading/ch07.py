@@ -79,6 +79,10 @@ def _floor_mistake(got, cfg, hw, dtype_bytes, expected) -> str:
                 "embedding table per token, it does not stream the table (chapter 7, section 7). ")
     if near(expected - embedding):
         return "A decode also runs the LM head, a [hidden, vocab] matmul, to get its next token's logits. "
+    no_gqa = 2 * cfg.num_layers * cfg.hidden_size * (cfg.q_size - cfg.kv_size) * dtype_bytes / bandwidth
+    if no_gqa and near(expected + no_gqa):
+        return (f"K and V have {cfg.num_kv_heads} heads here, not {cfg.num_heads}: their projections are kv_size "
+                "wide (grouped-query attention), smaller than Q's. ")
     if near(expected * 1e3):
         return "That is milliseconds: return seconds. "
     if dtype_bytes != 2 and near(expected / dtype_bytes * 2):
