@@ -1,8 +1,11 @@
 """Checkers for exercises/07_the_lab: compare the learner's function with the simulator.
 
-Each checker draws fresh random cases, computes the answer with the package
-(plots.pick_chunk_size, the simulator's own run, metrics.summarize) and
-compares; nothing here needs a model or a GPU.
+Each checker draws cases and asks the package for the answer: the accounting
+module for the bytes a decode reads (the chapter's own definition), the lab's
+rule for a chunk size, metrics.summarize for goodput, the simulator's own run
+(its trace and its metrics) for a prefill's TTFT and the streams' worst gap.
+Nothing here imports the reference answers (minillm.grading._reference), and
+nothing here needs a model or a GPU.
 """
 from __future__ import annotations
 
@@ -11,40 +14,118 @@ import random
 from dataclasses import replace
 
 from ..config import ModelConfig
-from ..sim.hardware import PROFILES, get_hardware
 from ..metrics import summarize
 from ..request import RequestMetrics
 from ..scheduler import SchedulerConfig
+from ..sim.accounting import step_cost
+from ..sim.hardware import PROFILES, get_hardware
 from ..sim.simulator import simulate
-from ..sim.workloads import poisson_mix
+from ..sim.workloads import long_prompt_interference, poisson_mix
 from ._common import fail as _fail, forbid, learner_call, passed, spy, call_text, checker
-from ._reference import ch07 as _ref
 
+_HERE = "minillm.grading.ch07."
 _PICK = ("minillm.book.figures.pick_chunk_size", "minillm.book.lab.pick_chunk_size",
-         "minillm.book.lab.best_chunk_size",
-         "minillm.grading._reference.ch07.pick_chunk_size")
-_SIMULATE = ("minillm.sim.simulator.simulate", "minillm.engine.EngineCore.step",
-             "minillm.grading._reference.ch07.engine_long_ttft", "minillm.grading._reference.ch07.ttft_steps",
-             "minillm.grading._reference.ch07.engine_worst_gap", "minillm.grading._reference.ch07.chunk_for_gap_slo",
-             "minillm.book.lab.chunk_sweep")
+         "minillm.book.lab.best_chunk_size")
+_SIMULATE = ("minillm.sim.simulator.simulate", "minillm.engine.EngineCore.step", "minillm.book.lab.chunk_sweep",
+             *(_HERE + name for name in ("_simulated_prefill", "_simulated_worst_gap")))
 _SUMMARY = ("minillm.metrics.summarize", "minillm.metrics.meets_slo", "minillm.sim.simulator.SimResult.summary")
-_WHY = "write it from the statement; the checker compares with the package for you."
+_ACCOUNTING = ("minillm.sim.accounting.step_cost", "minillm.sim.accounting.prefill_cost",
+               "minillm.sim.cost_model.predict_step", "minillm.sim.simulator.predict_step")
+_WHY = "work it out from the chapter; the checker compares with the package for you."
 
-__all__ = ["check_choose_chunk_size", "check_expected_ttft", "check_goodput", "check_decode_floor",
+__all__ = ["check_decode_floor", "check_choose_chunk_size", "check_goodput", "check_expected_ttft",
            "check_chunk_for_gap_slo"]
+OFF = "off"                  # a sweep row without chunking (the prefill_first policy)
+WARMUP_TOKENS = 4            # the streams' tokens before the long prompt arrives
 
 
 def _close(a, b, rel=1e-9) -> bool:
     return a is not None and b is not None and math.isclose(a, b, rel_tol=rel, abs_tol=1e-15)
 
 
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 # ---------------------------------------------------------------------------
-# 1. The chunk size for an SLO
+# 1. The decode floor: what a decode step must read
 # ---------------------------------------------------------------------------
+FLOOR_TOLERANCE = 0.001      # norms (a few KB per layer) may be counted or not; the embedding may not
+
+
+def _floor_cases():
+    """Presets (untied and tied embeddings) and two shapes no chapter printed."""
+    cfgs = [ModelConfig.preset(name) for name in ("llama-2-7b", "llama-3-8b", "mistral-7b", "qwen3-0.6b", "tiny")]
+    cfgs.append(ModelConfig.preset("llama-3-8b").replace(name="llama-3-8b-16-kv-heads", num_kv_heads=16,
+                                                         vocab_size=200_000))
+    cfgs.append(ModelConfig.preset("qwen3-0.6b").replace(name="qwen3-like-untied", tie_word_embeddings=False,
+                                                         num_layers=12))
+    return cfgs
+
+
+def _floor_mistake(got, cfg, hw, dtype_bytes, expected) -> str:
+    """The usual ways to count a decode's bytes wrong, each named (wrong variants, not the answer)."""
+    if not _number(got):
+        return "Return the time in seconds, a number. "
+    bandwidth = hw.mem_bandwidth_bytes_s
+    embedding = cfg.vocab_size * cfg.hidden_size * dtype_bytes / bandwidth
+    everything = cfg.num_parameters() * dtype_bytes / bandwidth
+    near = lambda x: x > 0 and abs(got - x) <= FLOOR_TOLERANCE * x
+    if near(everything) or near(expected + embedding):
+        if cfg.tie_word_embeddings:
+            return ("With tied embeddings the LM head IS the embedding table: the decode streams it once, as "
+                    "the head. ")
+        return ("You count every parameter, the input embedding too: a decode gathers ONE row of the "
+                "embedding table per token, it does not stream the table (chapter 7, section 7). ")
+    if near(expected - embedding):
+        return "A decode also runs the LM head, a [hidden, vocab] matmul, to get its next token's logits. "
+    no_gqa = 2 * cfg.num_layers * cfg.hidden_size * (cfg.q_size - cfg.kv_size) * dtype_bytes / bandwidth
+    if no_gqa and near(expected + no_gqa):
+        return (f"K and V have {cfg.num_kv_heads} heads here, not {cfg.num_heads}: their projections are kv_size "
+                "wide (grouped-query attention), smaller than Q's. ")
+    if near(expected * 1e3):
+        return "That is milliseconds: return seconds. "
+    if dtype_bytes != 2 and near(expected / dtype_bytes * 2):
+        return f"The weights are {dtype_bytes} byte(s) each here, not 2. "
+    if near(expected * 8) or near(expected / 8):
+        return "Bits or bytes? The bandwidth is in bytes per second, dtype_bytes in bytes per weight. "
+    return ""
+
+
+@checker
+def check_decode_floor(decode_floor_s, seed: int | None = None):
+    """decode_floor_s(cfg, hw, dtype_bytes) -> the least time a decode step can take: the bytes it
+    must read (accounting.step_cost's bytes_weights, the chapter's count) over the bandwidth."""
+    cases = [(cfg, hw_name, dtype_bytes) for cfg in _floor_cases() for hw_name in sorted(PROFILES)
+             for dtype_bytes in (1, 2)]
+    for cfg, hw_name, dtype_bytes in cases:
+        hw = get_hardware(hw_name)
+        expected = step_cost(cfg, [(1, 0)], dtype_bytes).bytes_weights / hw.mem_bandwidth_bytes_s
+        got = learner_call(decode_floor_s, cfg, hw, dtype_bytes, forbidden=_ACCOUNTING,
+                           why="count what a decode reads from the model's shape.")
+        if not _number(got) or abs(got - expected) > FLOOR_TOLERANCE * expected:
+            hint = _floor_mistake(got, cfg, hw, dtype_bytes, expected)
+            _fail(f"{hint}{cfg.name} on {hw_name} at {dtype_bytes} byte(s) per weight: you return {got!r} s, "
+                  f"the least a decode step can take is {expected:.6g} s")
+    return passed(f"decode_floor_s: right for {len(_floor_cases())} model shapes x {len(PROFILES)} GPUs x 2 dtypes")
+
+
+# ---------------------------------------------------------------------------
+# 2. The chunk size for an SLO
+# ---------------------------------------------------------------------------
+def _pick(rows, itl_slo_ms):
+    """The lab's own rule (minillm.book.figures.pick_chunk_size); no worst gap meets a 0 ms target,
+    which that function refuses as an argument."""
+    if itl_slo_ms <= 0:
+        return None
+    from ..book.figures import pick_chunk_size
+    return pick_chunk_size(rows, itl_slo_ms)
+
+
 def _random_rows(rng: random.Random):
     sizes = sorted(rng.sample([16, 32, 64, 128, 256, 512, 1024, 2048, 4096], rng.randint(1, 9)))
     rows = []
-    for c in sizes + ([_ref.OFF] if rng.random() < 0.7 else []):
+    for c in sizes + ([OFF] if rng.random() < 0.7 else []):
         rows.append({"chunk_size": c, "long_ttft_s": rng.uniform(0.05, 2.0),
                      "itl_max_s": rng.uniform(0.005, 0.3)})
     if rng.random() < 0.3 and len(rows) > 1:                 # a tie in TTFT
@@ -67,7 +148,7 @@ def check_choose_chunk_size(choose_chunk_size, seed: int | None = None, *, num_c
         rows, slo_ms = fixed[i] if i < len(fixed) else (_random_rows(rng), None)
         if slo_ms is None:
             slo_ms = rng.choice([rng.uniform(1, 400), min(r["itl_max_s"] for r in rows) * 1e3])
-        expected = _ref.pick_chunk_size(rows, slo_ms)
+        expected = _pick(rows, slo_ms)
         got = learner_call(choose_chunk_size, [dict(r) for r in rows], slo_ms, forbidden=_PICK, why=_WHY)
         if got != expected:
             table = "; ".join(f"{r['chunk_size']}: TTFT {r['long_ttft_s'] * 1e3:.0f} ms, worst gap "
@@ -91,60 +172,9 @@ def check_choose_chunk_size(choose_chunk_size, seed: int | None = None, *, num_c
 
 
 # ---------------------------------------------------------------------------
-# 2. TTFT from the steps: sum the cost model over the chunk steps
+# 3. Goodput of a live server's snapshot: repair the chapter's function
 # ---------------------------------------------------------------------------
-def _diagnose_steps(case, calls):
-    """Name the first step the learner priced differently from the simulator's."""
-    model, hw, length, chunk, n, ctx = case
-    want = _ref.ttft_steps(length, chunk, n, ctx)
-    given = [list(args[1]) if len(args) > 1 else list(kwargs.get("requests", kwargs.get("step", [])))
-             for args, kwargs in calls]
-    where = f"{model} on {hw}, a {length}-token prompt in chunks of {chunk} with {n} streams at {ctx} cached tokens"
-    if not given:
-        return
-    if len(given) != len(want):
-        _fail(f"{where}: you call predict_step {len(given)} times; the prefill takes ceil({length} / {chunk}) = "
-              f"{len(want)} steps, one call each")
-    for k, (mine, theirs) in enumerate(zip(given, want)):
-        mine = [tuple(r) if len(r) == 3 else (*r, True) for r in mine]
-        if sorted(mine) != sorted(theirs):
-            _fail(f"{where}: step {k} should be {theirs[:2]}{' + ...' if len(theirs) > 2 else ''} "
-                  f"({len(theirs)} requests), you pass {mine[:2]}{' + ...' if len(mine) > 2 else ''} "
-                  f"({len(mine)} requests). The chunk is (tokens, tokens cached before it, is it the last?), "
-                  "each stream (1, context + k, True)")
-
-
-@checker
-def check_expected_ttft(expected_ttft, seed: int | None = None, *, num_cases: int = 6):
-    """expected_ttft(model, hardware, prompt_len, chunk_size, num_decoders, decoder_context) -> seconds."""
-    rng = random.Random(seed)
-    cases = [("llama-3-8b", "A100-80GB", 2048, 512, 4, 72)]
-    while len(cases) < num_cases:
-        chunk, n = rng.choice([16, 64, 100, 256, 512, 1000, 2048]), rng.randint(0, 8)
-        # the streams' prompts fit in one first step, so all streams are in step when the prompt arrives
-        ctx = rng.randint(_ref.WARMUP_TOKENS, chunk // max(n, 1) + _ref.WARMUP_TOKENS - 1)
-        cases.append((rng.choice(["llama-3-8b", "llama-2-7b", "qwen3-0.6b"]), rng.choice(sorted(PROFILES)),
-                      rng.randint(100, 3000), chunk, n, ctx))
-    for case in cases:
-        expected = _ref.engine_long_ttft(*case)
-        with spy(expected_ttft, "minillm.sim.simulator.predict_step") as calls, \
-                forbid(expected_ttft, *_SIMULATE, why="sum predict_step over the steps you build."):
-            got = expected_ttft(*case)
-        if not _close(got, expected, 1e-9):
-            _diagnose_steps(case, calls)
-            model, hw, length, chunk, n, ctx = case
-            steps = -(-length // chunk)
-            _fail(f"{model} on {hw}, a {length}-token prompt in chunks of {chunk} ({steps} steps) with {n} "
-                  f"streams at {ctx} cached tokens: you predict {got!r} s, the simulator measures "
-                  f"{expected:.6f} s. Each step is [(chunk tokens, tokens already cached, is it the last "
-                  f"chunk?)] + [(1, ctx + k, True)] * n at step k; sum predict_step(...).total")
-    return passed(f"expected_ttft: {len(cases)} cases match the simulator to 1e-9")
-
-
-# ---------------------------------------------------------------------------
-# 3. Goodput
-# ---------------------------------------------------------------------------
-def _unfinished(output, rng: random.Random):
+def _unfinished(output):
     """The same request caught mid-stream: a first token (fast), a few more, no finish yet."""
     m = output.metrics
     kept = m.token_times[:max(1, len(m.token_times) // 2)]
@@ -154,28 +184,55 @@ def _unfinished(output, rng: random.Random):
                    output_token_ids=output.output_token_ids[:len(kept)])
 
 
-@checker
-def check_goodput(goodput, seed: int | None = None, *, num_cases: int = 4):
-    """goodput(outputs, ttft_slo_s, tpot_slo_s) -> requests per second meeting both SLOs.
-
-    Every load holds a few requests that have not finished (finish_time None, a fast
-    first token): they are not good yet, and they do not stretch the time span.
-    """
-    rng = random.Random(seed)
+def _goodput_loads(rng: random.Random, num_cases: int):
+    """Simulated loads with a few requests caught before they finished. The first request
+    (arriving at 0.0) is left out, so a span that starts at 0 shows; in every other load the
+    earliest arrival is one of the unfinished, so a span over all arrivals shows too."""
     for case in range(num_cases):
-        # Every other load is mostly 1- to 3-token answers (no TPOT), and the first
-        # request (arriving at 0.0) is left out, so a span that starts at 0 shows.
         load = poisson_mix(num_requests=rng.randint(8, 24), rate_per_s=rng.uniform(2, 20),
                            prompt_len=(16, 2048), output_len=(1, 3) if case % 2 else (1, 64),
                            seed=rng.randrange(10**6))
         sched = rng.choice([SchedulerConfig(policy="prefill_first"), SchedulerConfig(chunk_size=256)])
         outputs = simulate(load, sched).outputs[1:]
-        for i in rng.sample(range(len(outputs)), k=min(3, len(outputs) - 2)):
-            outputs[i] = _unfinished(outputs[i], rng)
-        ttft_slo_s, tpot_slo_s = rng.uniform(0.05, 1.0), rng.uniform(0.01, 0.05)
+        caught = set(rng.sample(range(len(outputs)), k=min(3, len(outputs) - 2)))
+        if case % 2 == 0:
+            caught = {min(range(len(outputs)), key=lambda i: outputs[i].metrics.arrival_time)} | set(list(caught)[:2])
+        for i in caught:
+            outputs[i] = _unfinished(outputs[i])
+        yield outputs, rng.uniform(0.05, 1.0), rng.uniform(0.01, 0.05)
+
+
+def _goodput_mistake(got, expected, outputs, ttft_slo_s, tpot_slo_s) -> str:
+    if not _number(got):
+        return "Return requests per second, a number. "
+    finished = [o for o in outputs if o.finished]
+    good = expected * (max(o.metrics.finish_time for o in finished) - min(o.metrics.arrival_time for o in finished))
+    meets = lambda o: o.metrics.ttft <= ttft_slo_s and (o.metrics.tpot is None or o.metrics.tpot <= tpot_slo_s)
+    last_finish = max(o.metrics.finish_time for o in finished)
+    if _close(got, good / last_finish):
+        return "Your time span starts at 0, not at the first arrival. "
+    if _close(got, good / (last_finish - min(o.metrics.arrival_time for o in outputs))):
+        return ("Your time span starts at the first arrival of ALL requests, unfinished ones included: the run "
+                "you score is the finished requests', from the first of them to arrive to the last to finish. ")
+    span = last_finish - min(o.metrics.arrival_time for o in outputs)
+    for denominator in (last_finish - min(o.metrics.arrival_time for o in finished), span, last_finish):
+        if got > expected and _close(got, sum(map(meets, outputs)) / denominator):
+            return ("You count requests that have not finished (o.finished is False): they have a fast first "
+                    "token but are not good yet. ")
+    if any(o.metrics.tpot is None for o in finished):
+        return "Check the 1-token requests: they have no TPOT and meet any TPOT SLO. "
+    return ""
+
+
+@checker
+def check_goodput(goodput, seed: int | None = None, *, num_cases: int = 4):
+    """goodput(outputs, ttft_slo_s, tpot_slo_s) -> requests per second meeting both SLOs, as
+    metrics.summarize reports it. Every load holds requests that have not finished (finish_time
+    None, a fast first token): they are not good yet, and they do not stretch the time span."""
+    rng = random.Random(seed)
+    for outputs, ttft_slo_s, tpot_slo_s in _goodput_loads(rng, num_cases):
         expected = summarize(outputs, ttft_slo_s, tpot_slo_s)["goodput_req_s"]
         finished = [o for o in outputs if o.finished]
-        span_s = max(o.metrics.finish_time for o in finished) - min(o.metrics.arrival_time for o in finished)
         call = call_text(goodput, outputs, round(ttft_slo_s, 3), round(tpot_slo_s, 3))
         num_unfinished = len(outputs) - len(finished)
 
@@ -188,41 +245,98 @@ def check_goodput(goodput, seed: int | None = None, *, num_cases: int = 4):
         got = learner_call(goodput, list(outputs), ttft_slo_s, tpot_slo_s, forbidden=_SUMMARY, why=_WHY,
                            explain=unfinished_crash)
         if not _close(got, expected, 1e-9):
-            good = expected * span_s
-            hint = ""
-            if isinstance(got, (int, float)) and _close(got, good / max(o.metrics.finish_time for o in finished),
-                                                         1e-9):
-                hint = "Your time span starts at 0, not at the first arrival. "
-            elif isinstance(got, (int, float)) and got > expected and _close(
-                    got, sum(1 for o in outputs if o.metrics.ttft <= ttft_slo_s and (
-                        o.metrics.tpot is None or o.metrics.tpot <= tpot_slo_s)) / span_s, 1e-9):
-                hint = ("You count requests that have not finished (o.finished is False): they have a fast first "
-                        "token but are not good yet. ")
-            elif any(o.metrics.tpot is None for o in finished):
-                hint = "Check the 1-token requests: they have no TPOT and meet any TPOT SLO. "
+            hint = _goodput_mistake(got, expected, outputs, ttft_slo_s, tpot_slo_s)
             _fail(f"{hint}{call} on {len(outputs)} requests ({len(finished)} finished) returned {got!r} req/s, "
-                  f"expected {expected:.4f} (finished requests meeting both SLOs, divided by the time from the "
-                  f"first arrival to the last finish among the finished ones; a 1-token request has no TPOT "
-                  f"and meets any TPOT SLO)")
-    return passed(f"goodput: {num_cases} loads, unfinished requests among them, agree with metrics.summarize")
+                  f"metrics.summarize reports {expected:.4f}")
+    return passed(f"goodput: {num_cases} snapshots, unfinished requests among them, agree with metrics.summarize")
 
 
 # ---------------------------------------------------------------------------
-# 4. The decode floor
+# 4. The TTFT price of chunking: predict, then measure
 # ---------------------------------------------------------------------------
+def _interference(prompt_len, num_decoders, decoder_context):
+    """num_decoders streams with decoder_context tokens cached when the prompt's first chunk runs
+    (their prompts fit in one first step together)."""
+    return long_prompt_interference(prompt_len=prompt_len, num_decoders=num_decoders, warmup_tokens=WARMUP_TOKENS,
+                                    decoder_prompt_len=decoder_context - WARMUP_TOKENS + 1, long_output_len=1)
+
+
+def _simulated_prefill(model, hardware, prompt_len, chunk_size, num_decoders, decoder_context):
+    """The simulator's run: (the long prompt's TTFT, the steps it waited through, each as
+    [(num_new, num_cached, samples)], read off the trace)."""
+    res = simulate(_interference(prompt_len, num_decoders, decoder_context),
+                   SchedulerConfig(policy="chunked", chunk_size=chunk_size), model=model, hardware=hardware)
+    long = next(o for o in res.outputs if o.tag == "long")
+    done, steps = {}, []
+    for record in res.trace:
+        if long.metrics.arrival_time <= record.start < long.metrics.first_token_time:
+            steps.append([(n, done.get(rid, 0), rid != long.request_id or done.get(rid, 0) + n == prompt_len)
+                          for rid, n in record.scheduled])
+        for rid, n in record.scheduled:
+            done[rid] = done.get(rid, 0) + n
+    return long.metrics.ttft, steps
+
+
+def _step_of(args, kwargs):
+    step = args[1] if len(args) > 1 else kwargs.get("requests", kwargs.get("step", []))
+    return [tuple(r) if len(r) == 3 else (*r, True) for r in step]
+
+
+def _diagnose_steps(where, want, calls):
+    """Name the first step the learner priced differently from the simulator's."""
+    given = [_step_of(args, kwargs) for args, kwargs in calls]
+    if not given:
+        return
+    if len(given) != len(want):
+        _fail(f"{where}: you price {len(given)} steps, the prefill took {len(want)} (the chunks tile the "
+              "prompt, one chunk per step)")
+    for k, (mine, theirs) in enumerate(zip(given, want)):
+        if sorted(mine) == sorted(theirs):
+            continue
+        chunk = theirs[-1]                       # the engine schedules the decodes first, then the chunk
+        mine_chunk = max(mine, key=lambda r: (r[0], not r[2], r[1])) if mine else None
+        hint = ""
+        if len(mine) < len(theirs):
+            hint = "Every step of the prefill also carries one decode per stream. "
+        elif mine_chunk[2] and not chunk[2]:
+            hint = ("Only the chunk that completes the prompt computes logits (samples=True); an earlier chunk "
+                    "only fills the KV cache, and its step runs no LM head for it. ")
+        elif mine_chunk[1] != chunk[1]:
+            hint = "A chunk attends over everything cached before it: the tokens of the chunks before. "
+        elif sorted(mine) != sorted(theirs) and mine_chunk == chunk:
+            hint = "Each stream's cache grows by one token every step: at step k its decode sees context + k. "
+        _fail(f"{hint}{where}: step {k} should be {theirs[:2]}{' + ...' if len(theirs) > 2 else ''} "
+              f"({len(theirs)} requests), you pass {mine[:2]}{' + ...' if len(mine) > 2 else ''} "
+              f"({len(mine)} requests)")
+
+
 @checker
-def check_decode_floor(decode_floor_s, seed: int | None = None):
-    """decode_floor_s(cfg, hardware, dtype_bytes) -> seconds to stream every weight once."""
-    for name in ("llama-2-7b", "llama-3-8b", "qwen3-0.6b", "mistral-7b"):
-        for hw_name in sorted(PROFILES):
-            for dtype_bytes in (1, 2):
-                cfg, hw = ModelConfig.preset(name), get_hardware(hw_name)
-                expected = cfg.num_parameters() * dtype_bytes / hw.mem_bandwidth_bytes_s
-                got = learner_call(decode_floor_s, cfg, hw, dtype_bytes)
-                if not _close(got, expected, 1e-9):
-                    _fail(f"{name} on {hw_name} at {dtype_bytes} bytes per weight: you return {got!r} s, "
-                          f"expected {expected:.6f} s (all parameters x bytes, over the datasheet bandwidth)")
-    return passed("decode_floor_s: matches for 4 models x 4 GPUs x 2 dtypes")
+def check_expected_ttft(expected_ttft, seed: int | None = None, *, num_cases: int = 6):
+    """expected_ttft(model, hardware, prompt_len, chunk_size, num_decoders, decoder_context) -> seconds,
+    predicted with predict_step; measured by the simulator serving the same arrival."""
+    rng = random.Random(seed)
+    cases = [("llama-3-8b", "A100-80GB", 2048, 512, 4, 72), ("qwen3-0.6b", "H100-SXM", 1000, 256, 2, 40)]
+    while len(cases) < num_cases:
+        chunk, n = rng.choice([16, 64, 100, 256, 512, 1000, 2048]), rng.randint(0, 8)
+        # the streams' prompts fit in one first step, so all streams are in step when the prompt arrives
+        ctx = rng.randint(WARMUP_TOKENS, chunk // max(n, 1) + WARMUP_TOKENS - 1)
+        cases.append((rng.choice(["llama-3-8b", "llama-2-7b", "qwen3-0.6b"]), rng.choice(sorted(PROFILES)),
+                      rng.randint(100, 3000), chunk, n, ctx))
+    for case in cases:
+        expected, steps = _simulated_prefill(*case)
+        with spy(expected_ttft, "minillm.sim.simulator.predict_step") as calls, \
+                forbid(expected_ttft, *_SIMULATE, why="price the steps with predict_step; the checker simulates."):
+            got = learner_call(expected_ttft, *case)
+        if not _close(got, expected, 1e-9):
+            model, hw, length, chunk, n, ctx = case
+            where = f"{call_text(expected_ttft, *case)}"
+            if not calls:
+                _fail(f"{where}: you never call predict_step. Price each step of the prefill with the cost model; "
+                      "the checker measures them with the simulator")
+            _diagnose_steps(where, steps, calls)
+            _fail(f"{where}: you predict {got!r} s, the simulator measures {expected:.6f} s over "
+                  f"{len(steps)} steps: the TTFT is the sum of the steps' times, predict_step(...).total each")
+    return passed(f"expected_ttft: {len(cases)} prefills predicted, equal to the simulator's to 1e-9")
 
 
 # ---------------------------------------------------------------------------
@@ -231,20 +345,46 @@ def check_decode_floor(decode_floor_s, seed: int | None = None):
 GAP_TOLERANCE = 0.02        # the predicted worst gap must be within 2% of the simulator's
 
 
+def _simulated_worst_gap(model, hardware, prompt_len, chunk_size, num_decoders, decoder_context):
+    """The worst gap (max ITL) the streams see while the simulator serves the long prompt."""
+    res = simulate(_interference(prompt_len, num_decoders, decoder_context),
+                   SchedulerConfig(policy="chunked", chunk_size=chunk_size), model=model, hardware=hardware)
+    return res.summary()["decoder_itl_max_s"]
+
+
 def _gap_cases(rng: random.Random):
     """(model, hardware, prompt_len, num_decoders, decoder_context, candidates, chosen index or None):
-    the target is put between two candidates' measured gaps, so one chunk is the answer."""
+    the target is put between two candidates' measured gaps, so one chunk is the answer. The
+    second case's prompt ends in a short chunk for every candidate: its slowest step is the one before."""
     candidates = [128, 256, 512, 1024, 2048]
     cases = [("llama-3-8b", "A100-80GB", 3000, 4, 32, candidates, 2),
+             ("qwen3-0.6b", "H100-SXM", 16_400, 2, 40, candidates, 2),
              ("llama-3-8b", "H100-SXM", 4000, 8, 16, candidates, 3),
              ("qwen3-0.6b", "A100-40GB", 2500, 2, 40, candidates, None)]
     for _ in range(2):
         num_decoders = rng.randint(1, 8)
-        context = rng.randint(_ref.WARMUP_TOKENS + 1, 128 // num_decoders + 3)
+        context = rng.randint(WARMUP_TOKENS + 1, 128 // num_decoders + 3)
         cases.append((rng.choice(["llama-3-8b", "llama-2-7b"]), rng.choice(sorted(PROFILES)),
-                      rng.randint(1500, 4000), num_decoders, context,
-                      rng.sample(candidates, 4), rng.randint(0, 3)))
+                      rng.randint(1500, 4000), num_decoders, context, rng.sample(candidates, 4), rng.randint(0, 3)))
     return cases
+
+
+def _gap_variants(model, hw, prompt_len, chunk, n, ctx):
+    """Wrong ways to price the worst step, to name a wrong gap: {why: seconds}."""
+    from ..sim.simulator import predict_step
+    steps, done, k = [], 0, 0
+    while done < prompt_len:                      # the chunk steps as the learner should build them
+        m = min(chunk, prompt_len - done)
+        steps.append([(m, done, done + m == prompt_len)] + [(1, ctx + k, True)] * n)
+        done, k = done + m, k + 1
+    price = lambda step: predict_step(model, step, hw).total
+    return {"That is the FIRST chunk's step: later chunks attend over more cached keys, so the slowest step "
+            "comes later. ": price(steps[0]),
+            "That is the LAST chunk's step, and here the last chunk is a short remainder "
+            f"({prompt_len} = {len(steps) - 1} x {chunk} + {steps[-1][0][0]}): the full chunk before it does "
+            "more work. The slowest step is not always the last one. ": price(steps[-1]),
+            "Your steps leave out the decodes: every step of the prefill carries one token per stream. ":
+                max(price(step[:1]) for step in steps)}
 
 
 @checker
@@ -259,7 +399,7 @@ def check_chunk_for_gap_slo(fn, seed: int | None = None):
     rng = random.Random(seed)
     cases = _gap_cases(rng)
     for model, hw, prompt_len, n, ctx, candidates, chosen in cases:
-        measured = {c: _ref.engine_worst_gap(model, hw, prompt_len, c, n, ctx) for c in candidates}
+        measured = {c: _simulated_worst_gap(model, hw, prompt_len, c, n, ctx) for c in candidates}
         ordered = sorted(candidates)
         if chosen is None:
             slo_s = 0.5 * measured[ordered[0]]
@@ -288,28 +428,22 @@ def check_chunk_for_gap_slo(fn, seed: int | None = None):
         if chunk != expected_chunk:
             hint = ""
             if chunk in measured and measured[chunk] > slo_s:
-                hint = (f"Measured, chunk {chunk}'s worst gap is {measured[chunk] * 1e3:.2f} ms, over the target: "
-                        "is your slowest step the slowest one? The last chunks attend over the most cached "
-                        "keys, and every step carries the decodes. ")
+                variants = _gap_variants(model, hw, prompt_len, chunk, n, ctx) if _number(gap_s) else {}
+                hint = next((why for why, s in variants.items() if math.isclose(gap_s, s, rel_tol=1e-6)), "") or (
+                    f"Measured, chunk {chunk}'s worst gap is {measured[chunk] * 1e3:.2f} ms, over the target: is "
+                    "the step you priced the slowest one the streams sit through? ")
             elif chunk in measured:
                 hint = ("A larger candidate meets the target too: the largest chunk that meets it gives the long "
                         "prompt the fewest steps, so the best TTFT. ")
             _fail(f"{hint}{call} chose {chunk!r}; the simulator measures worst gaps {table} for a "
                   f"{slo_s * 1e3:.2f} ms target, so {expected_chunk}")
         truth = measured[expected_chunk]
-        if not isinstance(gap_s, (int, float)) or abs(gap_s - truth) > GAP_TOLERANCE * truth:
-            steps = _ref.ttft_steps(prompt_len, chunk, n, ctx)
-            from ..sim.simulator import predict_step
-            first = predict_step(model, steps[0], hw).total
-            alone = max(predict_step(model, step[:1], hw).total for step in steps)
+        if not _number(gap_s) or abs(gap_s - truth) > GAP_TOLERANCE * truth:
             hint = ""
-            if isinstance(gap_s, (int, float)) and math.isclose(gap_s, first, rel_tol=1e-6):
-                hint = ("That is the FIRST chunk's step: later chunks attend over more cached keys, so the "
-                        "slowest step comes last. ")
-            elif isinstance(gap_s, (int, float)) and math.isclose(gap_s, alone, rel_tol=1e-6):
-                hint = "Your steps leave out the decodes: every step carries one token per stream. "
+            if _number(gap_s):
+                variants = _gap_variants(model, hw, prompt_len, chunk, n, ctx)
+                hint = next((why for why, s in variants.items() if math.isclose(gap_s, s, rel_tol=1e-6)), "")
             _fail(f"{hint}{call}: right chunk ({chunk}), but you predict a worst gap of {gap_s!r} s and the "
-                  f"simulator measures {truth:.6f} s (tolerance {GAP_TOLERANCE:.0%}): a stream's gap is one "
-                  "whole step, chunk and decodes together")
+                  f"simulator measures {truth:.6f} s (tolerance {GAP_TOLERANCE:.0%})")
     return passed(f"chunk_for_gap_slo: {len(cases)} targets, your chunks and worst gaps match the simulator's "
                   f"within {GAP_TOLERANCE:.0%}")

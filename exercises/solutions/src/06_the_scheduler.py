@@ -1,45 +1,57 @@
 # %% [markdown]
 # # Exercises 6: the scheduler
 #
-# Write each function, then run the check cell below it: it compares your function with
-# the engine (its `Scheduler`, its `RequestMetrics`, its step loop, its simulator) and
-# says what is wrong. None of these needs a model: they run in seconds. The last two tasks
-# go past the chapter: write the `decode_first` policy's step, and predict the stall a
-# prompt causes from the cost model, then let the simulator measure it.
+# Six problems on chapter 6. Each check cell compares your function with the engine: its
+# `Scheduler`, its step loop (run with a stand-in for the model, so nothing here needs a
+# model), its `RequestMetrics`, its simulator. None of them hands you the rule: the
+# chapter does. You repair a colleague's scheduler step, count the passes a newcomer
+# waits under each policy, design chunks for a per-step work budget, write the
+# `decode_first` step the chapter only describes, and predict a stall before the
+# simulator measures it.
 
 # %%
-import math
-
 import minillm.grading as ex
-from minillm.request import RequestMetrics
+from minillm.chunk_sizing import prefill_work
 from minillm.sim.simulator import predict_step
 
 # %% [markdown]
-# ## 1. The chunked policy as a pure function
+# ## 1. Repair a colleague's chunked step
 #
-# Write one step of the `chunked` policy over a simplified state (plenty of KV blocks,
-# no limit on the number of requests):
+# A colleague wrote one step of the `chunked` policy as a pure function over a simplified
+# state (plenty of KV blocks, no limit on the number of requests):
 #
 # * `decoding`: ids of the requests that are decoding, in order;
-# * `prefilling`: `(request_id, tokens_left)` of the prompts still prefilling, in arrival
-#   order (first come, first served);
-# * `chunk_size`: the most prefill tokens the step may hold, all prompts together;
-# * `token_budget`: the most tokens of any kind in the step, or `None` for no cap (when
-#   set, it is at least `len(decoding)`).
+# * `prefilling`: `(request_id, tokens_left)` of the prompts still to prefill, in arrival
+#   order;
+# * `chunk_size` and `token_budget` (`None`: no cap): the `SchedulerConfig` fields of the
+#   same names; when set, the budget is at least `len(decoding)`.
 #
-# Return the plan, a list of `(request_id, num_tokens)`: every decode gets its one token
-# first, then prompts in order take what the step has left, each no more than it needs.
-# Leave out requests that get nothing. The checker tests the invariants (budget never
-# exceeded, at most `chunk_size` prefill tokens, every decode gets its token, first come
-# first served, nobody gets more than it needs) on random states, then compares your plan
-# with what `Scheduler._schedule_chunked` decides on the same state. You may not call the
-# engine's `Scheduler` (nor paste its method: it works on `Request` objects, not this state).
-#
+# It returns the plan, a list of `(request_id, num_tokens)`. It gives the articles' example
+# (three streams, a 2048-token prompt, chunks of 512) the right plan, but on other states
+# the engine's `Scheduler` plans differently. Find what is wrong and write the corrected
+# `schedule_chunked`. Running `ex.check_schedule_chunked(colleague_schedule_chunked)` shows
+# the first state where it goes wrong, as a test would. You may not call the engine's
+# `Scheduler`.
+
+# %%
+def colleague_schedule_chunked(decoding, prefilling, chunk_size, token_budget):
+    plan = [(request_id, 1) for request_id in decoding]
+    room = chunk_size if token_budget is None else min(chunk_size, token_budget)
+    for request_id, tokens_left in sorted(prefilling, key=lambda prompt: prompt[1]):
+        plan.append((request_id, min(tokens_left, room)))
+        room -= min(tokens_left, room)
+    return plan
+
+
+assert colleague_schedule_chunked([1, 2, 3], [(4, 2048)], 512, None) == [(1, 1), (2, 1), (3, 1), (4, 512)]
+
+# %% [markdown]
 # <details><summary>Hint</summary>
 #
-# Who is served first, and what is left of the step for the prompts once they are? Two
-# limits bound the prompts' share; then walk the prompts in order and ask how much each
-# one can take.
+# Read each line against chapter 6's description of `chunked` (section 2): who takes tokens
+# from which limit, in which order are the prompts served, and what does a plan say about a
+# request that gets nothing this step? The example above has no budget, one prompt and a
+# step that never fills: try states that have each.
 #
 # </details>
 
@@ -47,9 +59,7 @@ from minillm.sim.simulator import predict_step
 def schedule_chunked(decoding, prefilling, chunk_size, token_budget):
     ### BEGIN SOLUTION
     plan = [(request_id, 1) for request_id in decoding]
-    prefill_left = chunk_size
-    if token_budget is not None:
-        prefill_left = min(prefill_left, token_budget - len(decoding))
+    prefill_left = chunk_size if token_budget is None else min(chunk_size, token_budget - len(decoding))
     for request_id, tokens_left in prefilling:
         if prefill_left <= 0:
             break
@@ -60,19 +70,16 @@ def schedule_chunked(decoding, prefilling, chunk_size, token_budget):
     ### END SOLUTION
 
 # %%
-ex.check_schedule_chunked(schedule_chunked)  # points: 1
-# The articles' example: three streams decoding, a 2048-token prompt, chunks of 512.
+ex.check_schedule_chunked(schedule_chunked)  # points: 2
 assert schedule_chunked([1, 2, 3], [(4, 2048)], 512, None) == [(1, 1), (2, 1), (3, 1), (4, 512)]
 
 # %% [markdown]
 # ## 2. TTFT, TPOT and ITL from timestamps
 #
-# `stream_metrics(arrival_time, token_times)` returns a dict with
-# `"ttft"` (first token minus arrival), `"tpot"` ((E2E - TTFT) / (output tokens - 1), or
-# `None` with a single token) and `"itl"` (the list of gaps between consecutive tokens),
-# all in seconds, with the serving benchmarks' conventions that `RequestMetrics` follows
-# (which you may not call).
-# Then use it on a stream with one stall.
+# `stream_metrics(arrival_time, token_times)` returns a dict with `"ttft"`, `"tpot"` (`None`
+# with a single token) and `"itl"` (a list), in seconds, with the serving benchmarks'
+# conventions that chapter 6 (section 4) states and `RequestMetrics` follows (you may not
+# call it). Then use it on a stream with one stall.
 #
 # <details><summary>Hint</summary>
 #
@@ -102,112 +109,131 @@ assert stalled["tpot"] < 0.011 and max(stalled["itl"]) > 0.2
 # One 205 ms gap among 40 moves the mean TPOT from 5 ms to 10 ms; the max ITL shows the
 # stall itself. That is why a benchmark reports both.
 #
-# ## 3. How many steps does a prompt need?
+# ## 3. How long does a newcomer wait, in passes?
 #
-# `num_prefill_steps(prompt_len, chunk_size, num_decoding, token_budget)`: a prompt of
-# `prompt_len` tokens arrives while `num_decoding` streams are decoding, under the
-# `chunked` policy. How many engine steps from its arrival until its first token? (The
-# streams keep decoding all along; `token_budget` is `None` or at least
-# `num_decoding + 1`.) The checker runs the engine's step loop with a fake model and
-# counts. You may not call the engine or its `Scheduler`.
+# Streams are decoding when a `prompt_len`-token prompt arrives; stream `i` still has
+# `steps_left[i]` tokens to produce (it leaves once it has produced them). Under `policy`
+# (one of `"prefill_first"`, `"decode_first"`, `"chunked"`, `"chunked_prefill_first"`) with
+# the given `chunk_size` and `token_budget` (`None`, or at least `len(steps_left) + 1`),
+# how many engine steps run from the prompt's arrival to its first token, that step
+# included? Write `passes_to_first_token(policy, prompt_len, steps_left, chunk_size,
+# token_budget)`. Plenty of KV blocks; nothing else arrives.
+#
+# Chapter 6 (section 6) counted passes for streams that all outlast the prompt. Here they
+# need not: some finish while the prompt is still prefilling. The checker runs the engine's
+# own step loop on the same arrival and counts. You may not call the engine or its
+# `Scheduler`.
 #
 # <details><summary>Hint</summary>
 #
-# Each step, what is left of the budget for the prompt once the decodes have taken theirs,
-# and what does `chunk_size` cap it at? Then count whole steps, the last one partial.
+# Take the policies one at a time and ask what a step holds while the prompt is in the
+# queue, and what it holds once the prompt is being served. For the policies that split a
+# prompt: which limit decides the prompt's share of a step, who else draws on that limit,
+# and does that change from one step to the next? Then count, and be careful with the last
+# chunk.
 #
 # </details>
 
 # %%
-def num_prefill_steps(prompt_len, chunk_size, num_decoding, token_budget):
+def passes_to_first_token(policy, prompt_len, steps_left, chunk_size, token_budget):
     ### BEGIN SOLUTION
-    per_step = chunk_size if token_budget is None else min(chunk_size, token_budget - num_decoding)
-    return math.ceil(prompt_len / per_step)
+    if policy == "prefill_first":
+        return 1
+    if policy == "decode_first":
+        return max(steps_left, default=0) + 1
+    steps, done = 0, 0
+    while done < prompt_len:
+        steps += 1
+        share = chunk_size if token_budget is None else token_budget
+        if policy == "chunked" and token_budget is not None:
+            share -= sum(1 for k in steps_left if k >= steps)          # the decodes still running
+        done += min(chunk_size, share)
+    return steps
     ### END SOLUTION
 
 # %%
-ex.check_num_prefill_steps(num_prefill_steps)  # points: 1
-# vLLM-style: one budget for everything. 64 streams and a 512-token budget leave 448
-# prefill tokens per step, so an 8192-token prompt takes 19 steps, not 16.
-assert num_prefill_steps(8192, 512, 64, 512) == 19
+ex.check_passes_to_first_token(passes_to_first_token)  # points: 3
+# vLLM-style, one budget for everything: 64 streams decoding when an 8192-token prompt arrives.
+for left in (5, 500):
+    print(f"streams with {left} tokens to go: chunked {passes_to_first_token('chunked', 8192, [left] * 64, 512, 512)}"
+          f" passes, decode_first {passes_to_first_token('decode_first', 8192, [left] * 64, 512, 512)}")
 
 # %% [markdown]
-# ## 4. Chunks of equal work
+# ## 4. Chunks for a work budget per step
 #
-# With chunks of equal tokens the last chunk of a long prompt is the slowest step (its
-# attention sees the whole prefix), and the decoding streams wait through it. Chapter 6
-# (section 7) keeps the number of chunks but moves the boundaries so that every chunk has
-# the same *work*. Count a token's work in query-key pairs: the token at position `p`
-# (from 0, nothing cached) costs `break_even + p + 1`: its matmuls, worth `break_even`
-# pairs, plus one pair per key it attends to, itself included. So the first `m` tokens
-# cost `work(m) = m * break_even + m * (m + 1) / 2`.
+# Chapter 6 (section 7) measured work in query-key pairs (`prefill_work(start, num_tokens,
+# break_even)`: a token's matmuls count `break_even`, its attention one pair per key it
+# sees) and kept the number of chunks while giving them equal work. Turn the question
+# around, as Sarathi-Serve does with its token budget: the service sets the most work one
+# step may do, `max_work`, because the step's time is the gap every stream waits through.
 #
-# `equal_work_chunks(prompt_len, chunk_size, break_even)`: split the prompt into
-# `num_chunks = ceil(prompt_len / chunk_size)` chunks; boundary `k` (for `k` from 1 to
-# `num_chunks - 1`) is the **smallest** `m` with `work(m) * num_chunks >= k * work(prompt_len)`
-# (integers: no rounding question), and the last chunk ends at `prompt_len`. Return the
-# chunk sizes, a list of ints. The checker runs the engine's scheduler
-# (`chunk_sizing="equal_work"`, KV blocks of one token so that no boundary is rounded to a
-# block) and compares. You may not call `minillm.chunk_sizing` (it holds the answer).
+# A `prompt_len`-token prompt arrives (nothing of it cached) while one stream per entry of
+# `decode_contexts` is decoding; stream `i` has `decode_contexts[i]` tokens cached when the
+# prompt's first chunk runs, and every step of the prefill carries one decode of every
+# stream. Write `chunks_for_work_budget(prompt_len, break_even, max_work, decode_contexts)`:
+# the chunk sizes, in order, that prefill the prompt in as **few steps** as possible with
+# **no step** doing more than `max_work`. You may call `prefill_work`; not the rest of
+# `minillm.chunk_sizing` or the scheduler. The checker prices your steps with
+# `prefill_work` and compares your step count with the fewest the engine's own
+# `chunk_sizing` finds.
 #
 # <details><summary>Hint</summary>
 #
-# Walk `m` up from the previous boundary until the inequality holds (a few thousand steps
-# at most), or solve the quadratic `m^2 / 2 + m (break_even + 1/2) = k * total / num_chunks`
-# and step `m` by one until the integer inequality holds.
+# What does a step compute besides its chunk, and what is the work of that, in the same
+# unit? Does it stay the same from step to step? Then: is there any reason to leave room
+# unused in a step?
 #
 # </details>
 
 # %%
-def equal_work_chunks(prompt_len, chunk_size, break_even):
+def chunks_for_work_budget(prompt_len, break_even, max_work, decode_contexts):
     ### BEGIN SOLUTION
-    def work(m):
-        return m * break_even + m * (m + 1) // 2
-
-    num_chunks = math.ceil(prompt_len / chunk_size)
-    total = work(prompt_len)
-    ends, m = [], 0
-    for k in range(1, num_chunks):
-        while work(m) * num_chunks < k * total:
-            m += 1
-        ends.append(m)
-    ends.append(prompt_len)
-    return [end - start for start, end in zip([0] + ends, ends)]
+    sizes, start = [], 0
+    while start < prompt_len:
+        step = len(sizes)
+        room = max_work - sum(prefill_work(c + step, 1, break_even) for c in decode_contexts)
+        n = 1
+        while start + n < prompt_len and prefill_work(start, n + 1, break_even) <= room:
+            n += 1
+        sizes.append(n)
+        start += n
+    return sizes
     ### END SOLUTION
 
 # %%
-ex.check_equal_work_chunks(equal_work_chunks)  # points: 2
-# The `tiny` model's break-even length is 2944: a 2048-token prompt in 8 chunks of equal
-# work starts with chunks longer than 256 tokens and ends with shorter ones.
-sizes = equal_work_chunks(2048, 256, 2944)
-print(sizes)
-assert len(sizes) == 8 and sizes[0] > 256 > sizes[-1]
+ex.check_chunks_for_work_budget(chunks_for_work_budget)  # points: 3
+# The `tiny` model (break-even 2944): a 2048-token prompt, 4 streams at 100 cached tokens,
+# a budget of the work of 256 tokens after 1792 cached plus the decodes.
+budget = prefill_work(1792, 256, 2944) + 4 * prefill_work(108, 1, 2944)
+sizes = chunks_for_work_budget(2048, 2944, budget, [100] * 4)
+print(f"{len(sizes)} steps: {sizes}")
+assert len(sizes) < 8 and sizes[0] > sizes[-2]
 
 # %% [markdown]
-# ## 5. The decode_first policy, from the chunked one
+# Fewer than the 8 equal-token chunks of 256, and the early chunks are the long ones: the
+# budget that the last 256-token chunk needs holds more tokens while the prefix is short.
 #
-# Chapter 6 gives `decode_first` one sentence (a waiting prompt is admitted only when
-# nothing is decoding) and the engine's dispatch (`Scheduler.schedule`); the steps it
-# builds are yours to work out. Write one step of it over a simplified state (plenty of KV
-# blocks), as you wrote the chunked one in task 1:
+# ## 5. The decode_first step the chapter only describes
+#
+# Chapter 6 gives `decode_first` one line in its list of policies (section 2), and
+# `Scheduler.schedule` shows which of the scheduler's helpers it calls, and when; the steps
+# it builds are yours to work out. Write one step of it over a simplified state (plenty of
+# KV blocks), as in task 1:
 #
 # * `decoding`: ids of the requests that are decoding, in order;
 # * `waiting`: `(request_id, prompt_len)` of the prompts waiting, in arrival order;
 # * `token_budget`: the most tokens of any kind in the step, or `None` for no cap;
-# * `max_num_seqs`: the most requests that may run at once (decoding or admitted).
+# * `max_num_seqs`: the most requests that may run at once.
 #
-# The rules: while anything decodes, the step gives the decodes their one token each (no
-# more decodes than `token_budget` allows) and admits nobody. When nothing decodes, it
-# admits waiting prompts **whole** (no chunking), first come first served, as many as
-# `token_budget` allows, but always at least one (a prompt longer than the budget would
-# otherwise wait forever), and never more than `max_num_seqs`; admission stops at the
-# first prompt that does not fit. Return the plan, a list of `(request_id, num_tokens)`.
-# You may not call the engine's `Scheduler` (the checker asks it for you).
+# Return the plan, a list of `(request_id, num_tokens)`, as the engine's `Scheduler` under
+# `policy="decode_first"` plans it. You may not call the engine's `Scheduler` (the checker
+# asks it for you, and names the rule your plan breaks).
 #
 # <details><summary>Hint</summary>
 #
-# Two kinds of step, never mixed: which one is this? For the prompt step, what does the
-# first prompt get whatever its length, and what stops the walk through the rest?
+# Two kinds of step, never mixed: which one is this? For the prompt step, read what the
+# chapter says `prefill_first` does with waiting prompts; what happens to a prompt longer
+# than the budget, and to a short one queued behind a prompt that does not fit?
 #
 # </details>
 
@@ -227,10 +253,9 @@ def schedule_decode_first(decoding, waiting, token_budget, max_num_seqs):
     ### END SOLUTION
 
 # %%
-ex.check_schedule_decode_first(schedule_decode_first)  # points: 3
+ex.check_schedule_decode_first(schedule_decode_first)  # points: 2
 # The interference scenario: while three streams decode, the 2048-token prompt waits.
 assert schedule_decode_first([1, 2, 3], [(4, 2048)], None, 8) == [(1, 1), (2, 1), (3, 1)]
-assert schedule_decode_first([], [(4, 2048)], 512, 8) == [(4, 2048)]
 
 # %% [markdown]
 # ## 6. The stall a prompt causes: predict, then measure
@@ -238,12 +263,11 @@ assert schedule_decode_first([], [(4, 2048)], 512, 8) == [(4, 2048)]
 # Chapter 6 measured the stall: under `prefill_first` one long prompt stops every stream
 # for a whole prefill. Now predict it before anything runs. `num_decoders` streams are
 # decoding, each with `decoder_context` tokens in its KV cache, when a `prompt_len`-token
-# prompt arrives; the policy is `prefill_first` (a step that has a waiting prompt runs it
-# whole, and the running decodes wait). Write `predicted_stall(model, hardware, prompt_len,
-# num_decoders, decoder_context)`: the worst gap, in seconds, between two tokens of a
-# stream, from the cost model's step times `predict_step(model, step, hardware).total`
-# (a step is a list of `(num_new_tokens, num_cached_tokens)`; a decode is `(1, context)`).
-# You may call `predict_step`; not the simulator.
+# prompt arrives; the policy is `prefill_first`. Write `predicted_stall(model, hardware,
+# prompt_len, num_decoders, decoder_context)`: the worst gap, in seconds, between two
+# tokens of a stream, from the cost model's step times `predict_step(model, step,
+# hardware).total` (a step is a list of `(num_new_tokens, num_cached_tokens)`, one per
+# request in it). You may call `predict_step`; not the simulator.
 #
 # The checker then **measures**: the simulator serves the same streams and prompt and
 # reads the streams' max ITL. Your prediction must be within 2% of it.
@@ -266,7 +290,4 @@ def predicted_stall(model, hardware, prompt_len, num_decoders, decoder_context):
 # %%
 ex.check_predicted_stall(predicted_stall)  # points: 5
 stall_s = predicted_stall("llama-3-8b", "A100-80GB", 2048, 4, 72)
-decode_s = predict_step("llama-3-8b", [(1, 72)] * 4, "A100-80GB").total
-print(f"a 2048-token prompt stalls 4 Llama-3-8B streams on an A100 for {stall_s * 1e3:.0f} ms, "
-      f"{stall_s / decode_s:.0f}x their usual gap")
-assert stall_s > 5 * decode_s
+print(f"a 2048-token prompt stalls 4 Llama-3-8B streams on an A100 for {stall_s * 1e3:.0f} ms")

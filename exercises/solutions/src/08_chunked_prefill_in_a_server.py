@@ -1,42 +1,51 @@
 # %% [markdown]
 # # Exercises 8: chunked prefill in a server
 #
-# Six functions from chapter 8: name KV blocks the way vLLM's prefix cache does, count
-# what a cached prompt still computes, plan one step under the long-prefill cap, score a
-# serving layout by DistServe's goodput, then two the chapter does not work out for you:
-# which cached blocks an allocation evicts (reference counts and the LRU list), and how
-# many prompt tokens a shared system prompt saves (predicted, then measured by the
-# engine). Each checker compares your function with the engine's own pieces (and
-# switches off the engine's version while yours runs). Fill in the bodies where it says
-# `raise NotImplementedError`.
+# Six problems on chapter 8. Keep tenants apart in a prefix cache, count what a cached
+# prompt still computes, predict when each prompt of a queue gets its first token under
+# vLLM's long-prefill cap, design that cap for a latency target, work out which cached
+# blocks an allocation evicts, and predict the prefill a shared system prompt saves. Each
+# checker compares your function with the engine's own pieces (its prefix cache, its
+# scheduler, its step loop run with a stand-in for the model) and switches the engine's
+# version off while yours runs.
 
 # %%
 import hashlib
-from array import array
 
 import minillm.grading as ex
 from minillm.prefix_cache import ROOT_HASH, hash_block
 
 # %% [markdown]
-# ## 1. Chain the block hashes
+# ## 1. Keep tenants apart: a salted chain
 #
-# `hash_block(parent_hash, tokens)` hashes one full block together with its parent's hash.
-# Return the hashes of the full blocks of `token_ids`, in order: the first block's parent is
-# `ROOT_HASH`, every later block's parent is the hash of the block before it, and a partial
-# last block gets no hash (it can still change). You may call `hash_block`, not
-# `prefix_cache.block_hashes`.
+# A server shared by several tenants must not let one tenant's request hit blocks another
+# tenant's prompt cached: a hit answers sooner, so its latency tells the attacker what the
+# other prompt held (vllm-project/vllm RFC #16016, "Leaking Secrets from Prefix Caches").
+# vLLM lets a request carry a `cache_salt` for this (PR #17045; `generate_block_hash_extra_keys`
+# in `vllm/v1/core/kv_cache_utils.py`, vLLM at commit 001cabc): requests with different salts
+# never share a cached block, even for the same tokens; requests with the same salt share
+# prefixes as before.
+#
+# Write `salted_hashes(token_ids, block_size, salt=None)`: the names of the full blocks of
+# `token_ids`, in order. Without a salt they must be exactly the engine's names (chapter 8,
+# section 1: `hash_block(parent_hash, tokens)`, the first block's parent `ROOT_HASH`). With
+# a salt (a string), a block's name must differ from its name under any other salt and
+# without one, and two prompts with the same salt must still share the names of the blocks
+# they share. You may call `hash_block` and `hashlib`; not `prefix_cache.block_hashes`.
 #
 # <details><summary>Hint</summary>
 #
-# How many full blocks are there, and what does each block's hash need from the block
-# before it?
+# A block's name stands for every token up to the block's end: that is what the chain
+# buys. For a salted name to differ everywhere, what must the salt become part of? Is there
+# one place that reaches every block at once?
 #
 # </details>
 
 # %%
-def chain_hashes(token_ids, block_size):
+def salted_hashes(token_ids, block_size, salt=None):
     ### BEGIN SOLUTION
-    hashes, parent = [], ROOT_HASH
+    parent = ROOT_HASH if salt is None else hashlib.sha256(ROOT_HASH + b"salt:" + salt.encode()).digest()
+    hashes = []
     for start in range(0, len(token_ids) // block_size * block_size, block_size):
         parent = hash_block(parent, token_ids[start:start + block_size])
         hashes.append(parent)
@@ -45,7 +54,7 @@ def chain_hashes(token_ids, block_size):
 
 
 # %%
-ex.check_chain_hashes(chain_hashes)  # points: 1
+ex.check_salted_hashes(salted_hashes)  # points: 2
 
 # %% [markdown]
 # ## 2. What a cached prompt still computes
@@ -75,66 +84,88 @@ def tokens_to_compute(prompt_len, cached_blocks, block_size):
 ex.check_tokens_to_compute(tokens_to_compute)  # points: 1
 
 # %% [markdown]
-# ## 3. One step under `long_prefill_token_threshold`
+# ## 3. When does each prompt get its first token?
 #
-# Prompts of `prompt_lens` tokens wait, in arrival order; nothing else runs. Under the
-# chunked policy with `chunk_size` prefill tokens per step and vLLM V1's cap
-# `long_prefill_token_threshold = threshold` (0: no cap), return how many tokens each
-# prompt gets in the first step (0 for those that get none). You may not call the engine's
-# `Scheduler`.
+# Prompts of `prompt_lens` tokens wait, in arrival order; nothing else runs, nothing is
+# cached, and each wants one output token. The engine serves them under the `chunked`
+# policy with `chunk_size` prefill tokens per step and vLLM V1's
+# `long_prefill_token_threshold = threshold` (0: off), with the meaning chapter 8 (section
+# 2) gives it. Write `first_token_steps(prompt_lens, chunk_size, threshold)`: for each
+# prompt, the step (counted from 1) at whose end it gets its first token. The checker runs
+# the engine's step loop on the same queue and compares; you may not call the scheduler
+# or the engine.
 #
 # <details><summary>Hint</summary>
 #
-# Walk the prompts in arrival order, keeping the step's prefill tokens left. Three things
-# bound what one prompt can take; the threshold is one of them, and only when it is not 0.
+# Step by step: in which order are the prompts served, what bounds one prompt's share of
+# a step, and what happens to the part of the chunk it cannot take? Does any of that change
+# once some prompts are done?
 #
 # </details>
 
 # %%
-def plan_prefill_step(prompt_lens, chunk_size, threshold):
+def first_token_steps(prompt_lens, chunk_size, threshold):
     ### BEGIN SOLUTION
-    left, plan = chunk_size, []
-    for n in prompt_lens:
-        take = min(n, left, threshold) if threshold > 0 else min(n, left)
-        plan.append(take)
-        left -= take
-    return plan
+    left, steps, step = list(prompt_lens), [0] * len(prompt_lens), 0
+    while any(left):
+        step += 1
+        room = chunk_size
+        for i, n in enumerate(left):
+            take = min(n, room, threshold) if threshold > 0 else min(n, room)
+            left[i] -= take
+            room -= take
+            if n and not left[i]:
+                steps[i] = step
+    return steps
     ### END SOLUTION
 
 
 # %%
-ex.check_plan_prefill_step(plan_prefill_step)  # points: 2
+ex.check_first_token_steps(first_token_steps)  # points: 3
+# Chapter 8's case, in steps: an 8000-token prompt, then 8 prompts of 64, chunks of 512.
+for threshold in (0, 256):
+    steps = first_token_steps([8000] + [64] * 8, 512, threshold)
+    print(f"threshold {threshold:3d}: short prompts' first tokens at steps {steps[1:]}, the long prompt's at {steps[0]}")
 
 # %% [markdown]
-# ## 4. DistServe's goodput
+# ## 4. Design the cap for a latency target
 #
-# DistServe's goodput is a rate, not exercise 7's count of good requests per second: the
-# highest request rate the server sustains within its SLOs. `goodput_rate(attainment_by_rate,
-# target)`: `attainment_by_rate` maps a request rate (req/s) to the fraction of requests that met
-# both SLOs at that rate, in any order. Return the highest rate whose attainment is at
-# least `target`, scanning rates upward and stopping at the first that misses it (0.0 if
-# the lowest already misses). You may not call `minillm.sim.disaggregation`.
+# A `long_len`-token prompt arrives first; short prompts of `short_lens` tokens queue
+# behind it, as in task 3. The service wants every short prompt's first token within
+# `max_steps` steps, and the long prompt's first token as soon as that allows. Write
+# `threshold_for_short_ttft(long_len, short_lens, chunk_size, max_steps)`: return `0` if no
+# cap is needed, else the largest `long_prefill_token_threshold` (from 1 to `chunk_size - 1`)
+# that meets the target (the larger the cap, the more of each step the long prompt keeps), or
+# `None` if no threshold meets it. You may use your `first_token_steps`. The checker runs the
+# engine on the thresholds it needs to and measures.
 #
 # <details><summary>Hint</summary>
 #
-# Walk the rates in increasing order: what do you keep, and when do you stop?
+# Which way do the short prompts' first tokens move as the threshold falls, and is it the
+# same way for every threshold? Try a short prompt longer than the threshold.
 #
 # </details>
 
 # %%
-def goodput_rate(attainment_by_rate, target):
+def threshold_for_short_ttft(long_len, short_lens, chunk_size, max_steps):
     ### BEGIN SOLUTION
-    best = 0.0
-    for rate in sorted(attainment_by_rate):
-        if attainment_by_rate[rate] < target:
-            break
-        best = rate
-    return best
+    def shorts_in_time(threshold):
+        return max(first_token_steps([long_len, *short_lens], chunk_size, threshold)[1:]) <= max_steps
+    if shorts_in_time(0):
+        return 0
+    for threshold in range(chunk_size - 1, 0, -1):
+        if shorts_in_time(threshold):
+            return threshold
+    return None
     ### END SOLUTION
 
 
 # %%
-ex.check_goodput_rate(goodput_rate)  # points: 1
+ex.check_threshold_for_short_ttft(threshold_for_short_ttft)  # points: 3
+best = threshold_for_short_ttft(8000, [64] * 8, 512, 4)
+print(f"8 short prompts within 4 steps behind an 8000-token one: threshold {best}, the long prompt's first token "
+      f"at step {first_token_steps([8000] + [64] * 8, 512, best)[0]} instead of "
+      f"{first_token_steps([8000] + [64] * 8, 512, 0)[0]}")
 
 # %% [markdown]
 # ## 5. Which cached blocks an allocation evicts

@@ -1,61 +1,66 @@
-"""Chapter 8's expected values, asked of the engine itself: its prefix-caching block
-manager for the eviction order, its step loop (a model-free executor) for the prefill
-tokens a shared system prompt saves."""
+"""Chapter 8's reference answers (teacher only): the solutions of
+exercises/08_chunked_prefill_in_a_server, used by the hidden cases
+(minillm.grading._hidden.ch08) and the tests. The public checkers never import this module:
+their expected values come from the engine's prefix cache, scheduler and step loop."""
 from __future__ import annotations
 
-import random
+import hashlib
 
-from ...engine import EngineCore, VirtualClock
-from ...prefix_cache import PrefixCachingBlockManager, make_block_manager
-from ...request import SamplingParams
-from ...scheduler import SchedulerConfig
-from .ch06 import _CountingExecutor
+from ...prefix_cache import ROOT_HASH, hash_block
 
 
-def engine_eviction_order(tables: dict, finish_order, num_clean: int, num_needed: int) -> list[int]:
-    """Blocks named in the cache, held by `tables`; the requests in finish_order leave;
-    a new request takes num_needed blocks: which cached blocks does it evict, in order?"""
-    used = sorted({b for table in tables.values() for b in table})
-    num_blocks = (max(used) + 1 if used else 0) + num_clean
-    bm = PrefixCachingBlockManager(num_blocks, 1)
-    clean = [b for b in range(num_blocks) if b not in used][:num_clean]
-    bm.free_blocks.clear()
-    bm.free_blocks.extend(clean)
-    for request_id, table in tables.items():
-        bm.block_tables[request_id] = list(table)
+def salted_hashes(token_ids, block_size, salt=None):
+    """vLLM's chain; a salt goes into the first block's name only (vllm/v1/core/kv_cache_utils.py,
+    generate_block_hash_extra_keys), and the chain carries it to every later block."""
+    parent = ROOT_HASH if salt is None else hashlib.sha256(ROOT_HASH + b"salt:" + salt.encode()).digest()
+    hashes = []
+    for start in range(0, len(token_ids) // block_size * block_size, block_size):
+        parent = hash_block(parent, token_ids[start:start + block_size])
+        hashes.append(parent)
+    return hashes
+
+
+def tokens_to_compute(prompt_len, cached_blocks, block_size):
+    most = (prompt_len - 1) // block_size * block_size
+    return prompt_len - min(cached_blocks * block_size, most)
+
+
+def first_token_steps(prompt_lens, chunk_size, threshold):
+    left, steps, step = list(prompt_lens), [0] * len(prompt_lens), 0
+    while any(left):
+        step += 1
+        room = chunk_size
+        for i, n in enumerate(left):
+            take = min(n, room, threshold) if threshold > 0 else min(n, room)
+            left[i] -= take
+            room -= take
+            if n and not left[i]:
+                steps[i] = step
+    return steps
+
+
+def threshold_for_short_ttft(long_len, short_lens, chunk_size, max_steps):
+    def shorts_in_time(threshold):
+        return max(first_token_steps([long_len, *short_lens], chunk_size, threshold)[1:]) <= max_steps
+    if shorts_in_time(0):
+        return 0
+    return next((t for t in range(chunk_size - 1, 0, -1) if shorts_in_time(t)), None)
+
+
+def eviction_order(tables, finish_order, num_clean, num_needed):
+    holders = {}
+    for table in tables.values():
         for block in table:
-            bm.ref_counts[block] += 1
-    for block in used:                                   # every held block is full, computed and named
-        name = f"block {block}".encode()
-        bm.hash_to_block[name], bm.block_hash[block] = block, name
+            holders[block] = holders.get(block, 0) + 1
+    lru = []
     for request_id in finish_order:
-        bm.free(request_id)
-    evicted = []
-    for _ in range(num_needed):
-        before = bm.num_evictions
-        block = bm._take_free_block()
-        if bm.num_evictions > before:
-            evicted.append(block)
-    return evicted
+        for block in reversed(tables[request_id]):
+            holders[block] -= 1
+            if holders[block] == 0:
+                lru.append(block)
+    return lru[:max(0, num_needed - num_clean)]
 
 
-def engine_prefill_tokens(system_len: int, user_lens, block_size: int, seed: int = 0) -> list[int]:
-    """Chats that share a system_len-token system prompt, each adding user_lens[i] tokens of
-    its own, served one after another (each after the one before has finished) by the
-    engine with prefix caching: the prompt tokens each chat's steps computed."""
-    rng = random.Random(seed)
-    system = [rng.randrange(1000) for _ in range(system_len)]
-    longest = system_len + max(user_lens, default=0) + 8
-    blocks = make_block_manager(len(user_lens) * (longest // block_size + 2) + 4, block_size, True)
-    core = EngineCore(SchedulerConfig(policy="chunked", chunk_size=4096, max_num_seqs=4), blocks,
-                      _CountingExecutor(), VirtualClock())
-    computed = []
-    for user_len in user_lens:
-        prompt = system + [1000 + rng.randrange(1000) for _ in range(user_len)]
-        rid = core.add_request(prompt, SamplingParams(max_tokens=2, ignore_eos=True))
-        first_step = len(core.trace)
-        while core.has_unfinished_requests():
-            core.step()
-        assert core.requests[rid].output_token_ids, "the chat did not finish"
-        computed.append(sum(step.num_prefill_tokens for step in core.trace[first_step:]))
-    return computed
+def prefill_tokens_saved(system_len, user_lens, block_size):
+    return [tokens_to_compute(system_len + user_len, 0 if i == 0 else system_len // block_size, block_size)
+            for i, user_len in enumerate(user_lens)]
