@@ -416,8 +416,8 @@ assert thr["disaggregated"] <= thr["aggregated"]
 #   disaggregation does not raise throughput (here it gave less); DistServe's gains come
 #   from per-phase parallelism and placement.
 #
-# **Exercises:** `exercises/08_chunked_prefill_in_a_server.ipynb`: chain block hashes, count
-# the tokens a cached prompt still computes, plan a step under the long-prefill cap, and
-# compute DistServe's goodput; then work out which cached blocks an allocation evicts
-# (reference counts, LRU), and predict the prefill a shared system prompt saves, counted by
-# the engine.
+# **Exercises:** `exercises/08_chunked_prefill_in_a_server.ipynb`: keep tenants apart with
+# a salted chain of block hashes; count what a cached prompt still computes; predict when each
+# prompt gets its first token under the long-prefill cap, and design that cap for a
+# short-prompt target; work out which cached blocks an allocation evicts (reference counts,
+# LRU); predict the prefill a shared system prompt saves, counted by the engine.
