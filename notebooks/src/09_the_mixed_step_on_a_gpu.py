@@ -286,12 +286,13 @@ assert budget[32][3] >= 3 and budget[16][3] >= 5
 #
 # **vLLM picks 16 or 32.** Its unified kernel (`vllm/v1/attention/ops/triton_unified_attention.py`,
 # `_get_tile_size`, vLLM main at commit 0013943, read in 2026) uses `TILE_SIZE = 32` for
-# prefill and, for decode, 16 when an element is 2 bytes or more and 32 for one-byte (fp8)
-# caches; it looks up each key's block from the block table
-# (`seq_offset // BLOCK_SIZE`) just as here, so any block size that is a multiple of 16
-# works. Its code does not say why; the budget above is one reason (a decode's programs
-# carry a 16-row Q tile, `BLOCK_M = 16`, and many of them must be resident to keep
-# HBM busy).
+# prefill (and for Gemma 3's shapes) and, for decode, 16 when a query element is 2 bytes
+# or more and 32 when it is one byte (fp8); it looks up each key's block from the block
+# table (`seq_offset // BLOCK_SIZE`) just as here, so the tile is free of the block size
+# (its Triton backend takes any multiple of 16: `get_supported_kernel_block_sizes` in
+# `vllm/v1/attention/backends/triton_attn.py`, commit 001ceb3). Its code does not say why
+# 16 or 32; the budget above is one reason (its programs carry a 16-row Q tile,
+# `BLOCK_M = 16` when `G <= 16`, and many of them must be resident to keep HBM busy).
 #
 # ## 5. Running a GPU kernel on a laptop, and its traps
 #
@@ -579,9 +580,9 @@ for label, (cached, block_size, split) in {"the rule": ([699, 519], 16, {}),
 # its segment's output, max and sum of exponentials (`segm_output`, `segm_max`,
 # `segm_expsum`); `reduce_segments` then rescales each segment by
 # `exp(segm_max - overall_max)` and divides by the total, one program per (token, query
-# head). The threshold and the segment count are the backend's to choose (passed in by
-# `vllm/v1/attention/backends/triton_attn.py`); the engine here picks them from the
-# step and the SM count, by the rule above.
+# head). The threshold and the segment count are parameters of `unified_attention`,
+# chosen by its caller; the engine here picks them from the step and the SM count, by the
+# rule above.
 #
 # ## 9. What the engines do about it
 #
