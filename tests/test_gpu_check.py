@@ -38,7 +38,8 @@ def test_the_dry_run_takes_every_stage_and_writes_every_result_file(tmp_path):
     assert len(bench["steps"]) == 2
     for row in bench["steps"].values():
         assert row["triton vs reference, max |error|"] < 2e-2
-        assert {"triton tile_n=16 (block 16) ms", "triton, split-KV off (block 16) ms", "sdpa (block 16) ms"} <= set(row)
+        assert {"triton tile_n=16 (block 16) ms", "triton, split-KV off (block 16) ms",
+                "sdpa (block 16) ms"} <= set(row)
     assert "DRY RUN" in (tmp_path / "dry-run.txt").read_text()
 
 

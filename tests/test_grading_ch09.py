@@ -354,9 +354,10 @@ def test_copying_the_chapter_earns_at_most_a_fifth_of_the_points():
 
 def test_a_stub_kernel_counts_as_not_attempted(tmp_path):
     path = tmp_path / "stub_kernel.py"
-    path.write_text("import triton\nimport triton.language as tl\n\n\n@triton.jit\ndef fixed_chunk_kernel(q_ptr, k_ptr, "
-                    "v_ptr, out_ptr, cached_len, num_new, scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, "
-                    "TILE_N: tl.constexpr):\n    raise NotImplementedError\n")
+    path.write_text("import triton\nimport triton.language as tl\n\n\n@triton.jit\n"
+                    "def fixed_chunk_kernel(q_ptr, k_ptr, v_ptr, out_ptr, cached_len, num_new, scale, "
+                    "HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, TILE_N: tl.constexpr):\n"
+                    "    raise NotImplementedError\n")
     spec = importlib.util.spec_from_file_location("stub_kernel", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

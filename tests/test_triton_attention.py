@@ -23,8 +23,8 @@ import pytest
 import torch
 
 import minillm
-from minillm import LLMEngine, SamplingParams, SchedulerConfig, attention
-from minillm.attention import AttentionBatch, paged_attention, reference_attention, write_kv
+from minillm import LLMEngine, SamplingParams, SchedulerConfig
+from minillm.attention import AttentionBatch, paged_attention
 from minillm.kernels import triton_attention as ta
 from minillm.kv_cache import BlockManager
 

@@ -405,9 +405,13 @@ def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         batch, group, block_m, q.device)
     if num_sms is None:
         num_sms = INTERPRETER_NUM_SMS if interpret else torch.cuda.get_device_properties(q.device).multi_processor_count
-    num_segments, segment_tiles = plan_segments(
-        batch.query_lens, batch.cached_lens, num_kv_heads, tile_n, num_programs=requests.numel() * num_kv_heads,
-        num_sms=num_sms, num_kv_splits=num_kv_splits, kv_split_size=kv_split_size)
+    plan_key = ("segments", group, block_m, tile_n, num_sms, num_kv_splits, kv_split_size, num_kv_heads, str(q.device))
+    if plan_key not in batch._plan:                          # once per step: every layer splits alike
+        num_segments, segment_tiles = plan_segments(
+            batch.query_lens, batch.cached_lens, num_kv_heads, tile_n, num_programs=requests.numel() * num_kv_heads,
+            num_sms=num_sms, num_kv_splits=num_kv_splits, kv_split_size=kv_split_size)
+        batch._plan[plan_key] = num_segments, torch.tensor(segment_tiles, dtype=torch.int32, device=q.device)
+    num_segments, segment_tiles = batch._plan[plan_key]
     split = num_segments > 1
     head_dim_padded = max(16, triton.next_power_of_2(head_dim))
     if split:
@@ -420,8 +424,7 @@ def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     dot_in_float32 = interpret and q.dtype != torch.float32
     grid = (requests.numel(), num_kv_heads, num_segments)   # one program per (query tile, KV head, segment)
     attention_tile_kernel[grid](
-        q, out, k_cache, v_cache, tables, requests, first_rows, row_starts, query_lens, cached_lens,
-        torch.tensor(segment_tiles, dtype=torch.int32, device=q.device),
+        q, out, k_cache, v_cache, tables, requests, first_rows, row_starts, query_lens, cached_lens, segment_tiles,
         segment_acc, segment_max, segment_sum,
         1.0 / math.sqrt(head_dim), num_heads, num_segments,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
