@@ -85,7 +85,7 @@ TILE_N_DEFAULT = 32
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Split-KV. The interpreter plans as an H100 SXM (132 SMs) would, so a CPU run takes the GPU's path.
 INTERPRETER_NUM_SMS = 132
-MIN_SEGMENT_KEYS = 256       # a shorter segment costs its merge more than its parallelism buys
+MIN_SEGMENT_KEYS = 256       # a judgement, unmeasured: shorter segments spend too much on the merge
 MAX_SEGMENTS = 64            # the merge kernel holds a row's segments in registers
 
 
@@ -290,8 +290,9 @@ def plan_segments(query_lens: list[int], cached_lens: list[int], num_kv_heads: i
       split only a decode-only step whose programs (query tiles x KV heads) are fewer
       than the GPU's SMs; into ceil(num_sms / programs) segments, so the grid covers
       every SM once, but no more than the longest sequence holds MIN_SEGMENT_KEYS-key
-      segments (a shorter segment's merge costs more than its parallelism buys) and
-      no more than MAX_SEGMENTS. Each request's tiles are shared evenly among the
+      segments (a judgement, not yet measured: a shorter segment would spend more on
+      the merge's reads and launch than it saves; `make gpu-check` times split-KV on
+      and off) and no more than MAX_SEGMENTS. Each request's tiles are shared evenly among the
       segments (ceil), so a short sequence may leave its last segments empty.
     num_kv_splits: that many segments per sequence instead (the same even sharing).
     kv_split_size: segments of exactly that many keys (a multiple of tile_n) for EVERY

@@ -488,8 +488,9 @@ assert decode_intensity < 10 < ridge < intensity["chunk of 512 over 4096"]
 # second kernel merges each row's segments. The rule (`plan_segments`): split only a
 # decode-only step whose programs are fewer than the GPU's SMs, into
 # `ceil(SMs / programs)` segments, so the grid covers every SM once, but no more segments
-# than the longest sequence has 256-key stretches (a shorter segment costs its merge more
-# than its parallelism buys) and at most 64:
+# than the longest sequence has 256-key stretches (a judgement, not a measurement: a
+# shorter segment would spend more on the merge than it saves; `make gpu-check` times
+# split-KV on and off) and at most 64:
 
 # %%
 show_source(ta.plan_segments)
