@@ -16,11 +16,12 @@ Backends:
                (CUDA only; needs `pip install flash-attn`, block_size % 256 == 0)
   "triton"     one Triton kernel launch per layer for the whole step, through the
                block tables (kernels/triton_attention.py): compiled on CUDA, run by
-               triton's interpreter on CPU tensors; the default on CUDA (default_backend)
+               triton's interpreter on CPU tensors; opt-in (never the default, see
+               default_backend) until `make gpu-check` has passed on a GPU
 """
 from __future__ import annotations
 
-import importlib.util
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -272,24 +273,48 @@ def read_cached_prefixes(pool: torch.Tensor, batch: AttentionBatch) -> list:
             for n, c, table in zip(batch.query_lens, batch.cached_lens, batch.block_tables)]
 
 
-def default_backend(device) -> str:
-    """"triton" on a CUDA device where triton is installed, else "sdpa"."""
-    if torch.device(device).type == "cuda" and importlib.util.find_spec("triton") is not None:
-        return "triton"
+def default_backend(device, dtype: torch.dtype | None = None, block_size: int | None = None) -> str:
+    """The backend a step uses when none is named: no code path that has never run on
+    the device is the default.
+
+    On CUDA: "flash" where flash-attn imports, the dtype is 16-bit (float16 or
+    bfloat16) and the block size is one flash-attn's paged KV takes (a multiple of
+    256); else "sdpa" (torch's own kernels). Everywhere else: "sdpa".
+    "triton" is never picked here: it stays opt-in (backend="triton") until
+    `make gpu-check` has passed on a GPU and its results are committed (README, GPU
+    notes), and only that commit may make it a default.
+    """
+    if torch.device(device).type != "cuda":
+        return "sdpa"
+    sixteen_bit = dtype in (torch.float16, torch.bfloat16)
+    flash_blocks = block_size is not None and block_size % FLASH_BLOCK_MULTIPLE == 0
+    if sixteen_bit and flash_blocks and _flash_attn_imports():
+        return "flash"
     return "sdpa"
 
 
+@functools.lru_cache(maxsize=1)
+def _flash_attn_imports() -> bool:
+    """Whether `import flash_attn` succeeds (asked once per process: every layer asks)."""
+    try:
+        import flash_attn  # noqa: F401
+    except Exception:      # noqa: BLE001 (not installed, or built for another torch: OSError, RuntimeError)
+        return False
+    return True
+
+
 def paged_attention(q, k_new, v_new, k_cache, v_cache, batch: AttentionBatch,
-                    backend: str | None = "sdpa", prefixes: list | None = None):
+                    backend: str | None = None, prefixes: list | None = None):
     """Write the new K/V into the cache, then attend for every request.
 
     q: [T, Hq, D]; k_new, v_new: [T, Hkv, D] -> out [T, Hq, D]
-    backend: one of BACKENDS, or None for default_backend(q.device).
+    backend: one of BACKENDS, or None (the default) for
+    default_backend(q.device, q.dtype, batch.block_size): "sdpa" on a CPU.
     prefixes: this layer's (k, v) cached prefix of each prefill chunk where the
     caller has it as a view for the whole step (read_cached_prefixes); None
     entries (or prefixes=None) are gathered here.
     """
-    backend = default_backend(q.device) if backend is None else backend
+    backend = default_backend(q.device, q.dtype, batch.block_size) if backend is None else backend
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: must be one of {BACKENDS}")
     write_kv(k_cache, v_cache, k_new, v_new, batch.slot_mapping)

@@ -151,8 +151,9 @@ class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig, backend: str | None = None):
         super().__init__()
         self.cfg = cfg
-        # None: attention.default_backend(device) at each step ("triton" on CUDA where
-        # triton is installed, else "sdpa"), so a model moved to a GPU picks the GPU kernel.
+        # None: attention.default_backend at each step: on CUDA "flash" where flash-attn
+        # imports, the dtype is 16-bit and blocks are multiples of 256, else "sdpa"; on a
+        # CPU "sdpa". "triton" is opt-in until `make gpu-check` has passed on a GPU.
         self.backend = backend
         self.model = Decoder(cfg)
         if not cfg.tie_word_embeddings:

@@ -1,15 +1,16 @@
-"""Chapter 9's checkers: a correct answer passes, every shortcut fails with a message that
-names the mistake, and the chapter's own printed code does not pass the transfer task.
+"""Chapter 9's checkers: a correct answer passes, every shortcut and usual mistake fails with a
+message that names it, the chapter's printed code (`one_program`, `key_tiles`, the engine's
+kernels) passes no task, and the references behind the hidden cases agree with the engine.
 
-For each checker, a correct function and shortcut attempts: the engine's own function,
-skipping the method, a hard-coded value, wrong-but-close variants. The references the
-checkers rest on are held equal to the engine (the kernel's tile arithmetic, the causal
-mask, the accounting).
+The two Triton tasks run the learner's kernel in the interpreter: the module skips where
+this process compiles triton for a GPU. ~25 s of CPU on this machine (the kernels' cases).
 """
 import ast
+import importlib.util
 import math
 import random
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,55 +20,161 @@ import minillm
 import minillm.grading as ex
 from minillm.attention import causal_mask, merge_attention
 from minillm.grading import ch09
+from minillm.grading._hidden import ch09 as hidden
 from minillm.grading._reference import ch09 as ref
 from minillm.kernels import triton_attention as ta
 from minillm.sim.accounting import step_cost
 
+if not ta.triton_available() or not ta.INTERPRETED:
+    pytest.skip("chapter 9's Triton tasks run in triton's interpreter", allow_module_level=True)
+tl, triton = ta.tl, ta.triton
 ROOT = Path(__file__).resolve().parents[1]
+EXERCISE = ROOT / "exercises" / "solutions" / "src" / "09_the_mixed_step_on_a_gpu.py"
+CHAPTER = ROOT / "notebooks" / "src" / "09_the_mixed_step_on_a_gpu.py"
 
 
 def printed(name: str):
-    """A function chapter 9 prints, defined here on its own as a learner who copies it has it
-    (with the chapter's globals it reads: cfg and step_cost)."""
-    source = (ROOT / "notebooks" / "src" / "09_the_mixed_step_on_a_gpu.py").read_text()
-    node = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == name)
+    """A function chapter 9 prints, defined on its own as a learner who copies it has it."""
+    node = next(n for n in ast.parse(CHAPTER.read_text()).body if isinstance(n, ast.FunctionDef) and n.name == name)
     namespace = {"torch": torch, "step_cost": step_cost, "cfg": minillm.ModelConfig.preset("llama-3-8b")}
     exec(compile(ast.fix_missing_locations(ast.Module([node], [])), "<chapter 09>", "exec"), namespace)
     return namespace[name]
 
 
-# ---- correct answers (the tests' own; the notebook has its own) ------------------------------
-def tile_mask(cached_len, query_len, first_row, num_rows, tile, block_size):
-    mask = torch.zeros(num_rows, block_size, dtype=torch.bool)
-    for r in range(num_rows):
-        for k in range(block_size):
-            key = tile * block_size + k
-            mask[r, k] = first_row + r < query_len and key < cached_len + query_len and key <= cached_len + first_row + r
-    return mask
+# ---- the handed-out chunk kernel, with some of its bugs repaired ------------------------------
+BUGS = {"diagonal": ("num_unmasked = (first_pos + TILE_N) // TILE_N", "num_unmasked = (first_pos + 1) // TILE_N"),
+        "partial": ("num_tiles = (last_pos + 1) // TILE_N", "num_tiles = last_pos // TILE_N + 1"),
+        "rescale": ("l = l + tl.sum(p, 1)", "l = l * alpha + tl.sum(p, 1)")}
+VARIANTS = {                                       # name: (bugs left, extra (old, new) edits)
+    "handed_out": (("diagonal", "partial", "rescale"), ()),
+    "only_rescale_left": (("rescale",), ()),
+    "only_partial_left": (("partial",), ()),
+    "only_diagonal_left": (("diagonal",), ()),
+    "partial_and_rescale_left": (("partial", "rescale"), ()),
+    "walks_every_tile": ((), (("num_tiles = last_pos // TILE_N + 1", "num_tiles = tl.cdiv(seq_len, TILE_N)"),)),
+    "acc_not_rescaled": ((), (("acc = acc * alpha[:, None] + tl.dot(p, v)", "acc = acc + tl.dot(p, v)"),)),
+}
 
 
-def softmax_update(m, l, acc, scores, v):
-    m_new = torch.maximum(m, scores.amax(dim=1))
-    scale = (m - m_new).exp()
-    weights = (scores - m_new[:, None]).exp()
-    return m_new, scale * l + weights.sum(1), scale[:, None] * acc + weights @ v
+@pytest.fixture(scope="module")
+def chunk_variants(tmp_path_factory):
+    """Each variant of the handed-out kernel as a @triton.jit function in a module of its own file
+    (triton reads a kernel's source)."""
+    source = EXERCISE.read_text()
+    start = source.index("@triton.jit\ndef chunk_kernel(")
+    kernel = source[start:source.index("\n\n\n", start)]
+    for old, _ in BUGS.values():
+        assert old in kernel
+    lines = ["import triton", "import triton.language as tl", ""]
+    for name, (left, extra) in VARIANTS.items():
+        text = kernel.replace("def chunk_kernel(", f"def {name}(")
+        for bug, (old, new) in BUGS.items():
+            if bug not in left:
+                text = text.replace(old, new)
+        for old, new in extra:
+            assert old in text
+            text = text.replace(old, new)
+        lines += [text, "", ""]
+    path = tmp_path_factory.mktemp("ch09") / "chunk_variants.py"
+    path.write_text("\n".join(lines))
+    spec = importlib.util.spec_from_file_location("chunk_variants", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
 
 
-def count_tiles(query_lens, cached_lens, block_size, rows_per_tile, partial_last_unmasked=False,
-                step_wide_key_tiles=False, floor_first=False):
-    kinds = [0, 0, 0]
-    longest = max(c + n for n, c in zip(query_lens, cached_lens))
+# ---- merge kernels with the usual slips ------------------------------------------------------
+@triton.jit
+def merge_plain_average(seg_out_ptr, seg_lse_ptr, out_ptr, num_segments, HEAD_DIM: tl.constexpr,
+                        MAX_SEGMENTS: tl.constexpr):
+    row, segments, dims = tl.program_id(0), tl.arange(0, MAX_SEGMENTS), tl.arange(0, HEAD_DIM)
+    lse = tl.load(seg_lse_ptr + row * MAX_SEGMENTS + segments, mask=segments < num_segments, other=float("-inf"))
+    weight = tl.where(lse > float("-inf"), 1.0, 0.0)
+    o = tl.load(seg_out_ptr + (row * MAX_SEGMENTS + segments)[:, None] * HEAD_DIM + dims[None, :],
+                mask=(weight > 0)[:, None], other=0.0)
+    tl.store(out_ptr + row * HEAD_DIM + dims, tl.sum(o * weight[:, None], 0) / tl.sum(weight, 0))
+
+
+@triton.jit
+def merge_raw_exp(seg_out_ptr, seg_lse_ptr, out_ptr, num_segments, HEAD_DIM: tl.constexpr,
+                  MAX_SEGMENTS: tl.constexpr):
+    row, segments, dims = tl.program_id(0), tl.arange(0, MAX_SEGMENTS), tl.arange(0, HEAD_DIM)
+    lse = tl.load(seg_lse_ptr + row * MAX_SEGMENTS + segments, mask=segments < num_segments, other=float("-inf"))
+    weight = tl.exp(lse)                                    # no max subtracted: overflows past 88
+    o = tl.load(seg_out_ptr + (row * MAX_SEGMENTS + segments)[:, None] * HEAD_DIM + dims[None, :],
+                mask=(lse > float("-inf"))[:, None], other=0.0)
+    tl.store(out_ptr + row * HEAD_DIM + dims, tl.sum(o * weight[:, None], 0) / tl.sum(weight, 0))
+
+
+@triton.jit
+def merge_unnormalised(seg_out_ptr, seg_lse_ptr, out_ptr, num_segments, HEAD_DIM: tl.constexpr,
+                       MAX_SEGMENTS: tl.constexpr):
+    row, segments, dims = tl.program_id(0), tl.arange(0, MAX_SEGMENTS), tl.arange(0, HEAD_DIM)
+    lse = tl.load(seg_lse_ptr + row * MAX_SEGMENTS + segments, mask=segments < num_segments, other=float("-inf"))
+    weight = tl.where(lse > float("-inf"), tl.exp(lse - tl.max(lse, 0)), 0.0)
+    o = tl.load(seg_out_ptr + (row * MAX_SEGMENTS + segments)[:, None] * HEAD_DIM + dims[None, :],
+                mask=(weight > 0)[:, None], other=0.0)
+    tl.store(out_ptr + row * HEAD_DIM + dims, tl.sum(o * weight[:, None], 0))
+
+
+@triton.jit
+def merge_nan_leak(seg_out_ptr, seg_lse_ptr, out_ptr, num_segments, HEAD_DIM: tl.constexpr,
+                   MAX_SEGMENTS: tl.constexpr):
+    row, segments, dims = tl.program_id(0), tl.arange(0, MAX_SEGMENTS), tl.arange(0, HEAD_DIM)
+    real = segments < num_segments
+    lse = tl.load(seg_lse_ptr + row * MAX_SEGMENTS + segments, mask=real, other=float("-inf"))
+    weight = tl.where(lse > float("-inf"), tl.exp(lse - tl.max(lse, 0)), 0.0)
+    o = tl.load(seg_out_ptr + (row * MAX_SEGMENTS + segments)[:, None] * HEAD_DIM + dims[None, :],
+                mask=real[:, None], other=0.0)              # an empty segment's NaN output is read
+    tl.store(out_ptr + row * HEAD_DIM + dims, tl.sum(o * weight[:, None], 0) / tl.sum(weight, 0))
+
+
+@triton.jit
+def merge_reads_garbage(seg_out_ptr, seg_lse_ptr, out_ptr, num_segments, HEAD_DIM: tl.constexpr,
+                        MAX_SEGMENTS: tl.constexpr):
+    row, segments, dims = tl.program_id(0), tl.arange(0, MAX_SEGMENTS), tl.arange(0, HEAD_DIM)
+    lse = tl.load(seg_lse_ptr + row * MAX_SEGMENTS + segments)          # past num_segments too
+    weight = tl.where(lse > float("-inf"), tl.exp(lse - tl.max(lse, 0)), 0.0)
+    o = tl.load(seg_out_ptr + (row * MAX_SEGMENTS + segments)[:, None] * HEAD_DIM + dims[None, :],
+                mask=(weight > 0)[:, None], other=0.0)
+    tl.store(out_ptr + row * HEAD_DIM + dims, tl.sum(o * weight[:, None], 0) / tl.sum(weight, 0))
+
+
+# ---- the counting tasks' usual slips ----------------------------------------------------------
+def window_tiles(query_lens, cached_lens, tile_n, rows, window, *, diagonal_unmasked=False, floor_query_tiles=False,
+                 ignore_window=False):
+    """A test-local arithmetic answer, with the usual slips as switches."""
+    counts = [0, 0, 0]
     for n, c in zip(query_lens, cached_lens):
-        num_key_tiles = -(-((longest if step_wide_key_tiles else c + n)) // block_size)
-        for first in range(0, n, rows_per_tile):
-            lo, hi = c + first, c + min(first + rows_per_tile, n) - 1
+        num_key_tiles = -(-(c + n) // tile_n)
+        for first in range(0, n // rows * rows if floor_query_tiles else n, rows):
+            p0, p1 = c + first, c + min(first + rows, n) - 1
+            w = 10**12 if ignore_window else window
             for j in range(num_key_tiles):
-                last_key = (j + 1) * block_size - 1
-                if partial_last_unmasked:
-                    last_key = min(last_key, c + n - 1)
-                full = last_key < lo if floor_first else last_key <= lo
-                kinds[0 if full else 1 if j * block_size <= hi else 2] += 1
-    return tuple(kinds)
+                k0, k1 = j * tile_n, (j + 1) * tile_n - 1
+                if k0 > p1 or k1 < p0 - w + 1:
+                    counts[2] += 1
+                elif (k0 <= p0 if diagonal_unmasked else k1 <= p0) and k0 >= p1 - w + 1:
+                    counts[0] += 1
+                else:
+                    counts[1] += 1
+    return tuple(counts)
+
+
+def key_tiles_count(query_lens, cached_lens, tile_n, rows, window):
+    """The chapter's key_tiles body and a loop over the query tiles (no window): printed code."""
+    counts = [0, 0, 0]
+    for n, c in zip(query_lens, cached_lens):
+        for first in range(0, n, rows):
+            first_pos = c + first
+            last_pos = first_pos + min(rows, n - first) - 1
+            unmasked, total = (first_pos + 1) // tile_n, last_pos // tile_n + 1
+            counts[0] += unmasked
+            counts[1] += total - unmasked
+            counts[2] += -(-(c + n) // tile_n) - total
+    return tuple(counts)
 
 
 def intensity(cfg, n, c, b, flops_per_mac=2, pairs=None, flop_heads=None, kv_heads=None, writes=True,
@@ -79,53 +186,56 @@ def intensity(cfg, n, c, b, flops_per_mac=2, pairs=None, flop_heads=None, kv_hea
     return flops / (elements * (b if use_bytes else 1))
 
 
-def _naive_softmax_update(m, l, acc, scores, v):                 # exp of raw scores: overflows
-    m_new = torch.maximum(m, scores.amax(dim=1))
-    return m_new, l + scores.exp().sum(1), acc + scores.exp() @ v
+def launch_variant(query_lens, cached_lens, hkv, group, block_m, tile_n, splits, *, times_splits=False,
+                   no_group=False, whole_sequence=False):
+    programs, runs = ref.predicted_launch(query_lens, cached_lens, hkv, 1 if no_group else group, block_m, tile_n,
+                                          splits)
+    if whole_sequence:
+        rows = block_m // group
+        runs = hkv * sum(-(-(c + n) // tile_n) * len(range(0, n, rows)) for n, c in zip(query_lens, cached_lens))
+    return programs, runs * (splits if times_splits else 1)
+
+
+def lifted_planners(query_lens, cached_lens, hkv, group, block_m, tile_n, splits):
+    """The engine's own planners, called: forbidden while the learner's function runs."""
+    requests, first_rows = ta.plan_tiles(query_lens, group, block_m)
+    return len(requests) * hkv * splits, 0
+
+
+def tile_mask_no_padding(c, n, f, r, t, b):
+    key = t * b + torch.arange(b)
+    return (key[None, :] <= c + f + torch.arange(r)[:, None]) & (key < c + n)[None, :]
+
+
+def tile_mask_causal_only(c, n, f, r, t, b):
+    return t * b + torch.arange(b)[None, :] <= c + f + torch.arange(r)[:, None]
 
 
 CASES = {
-    "check_tile_mask": (tile_mask, [
+    "check_tile_mask": (ref.tile_mask, [
         ("the engine's causal_mask", lambda c, n, f, r, t, b: causal_mask(n, c + n)[f:f + r, t * b:(t + 1) * b],
          "minillm.attention.causal_mask"),
-        ("top-left: no cached offset", lambda c, n, f, r, t, b: tile_mask(0, n, f, r, t, b)
+        ("top-left: no cached offset", lambda c, n, f, r, t, b: ref.tile_mask(0, n, f, r, t, b)
          & (t * b + torch.arange(b) < c + n)[None, :], "as if nothing were cached"),
-        ("key < query", lambda c, n, f, r, t, b: tile_mask(c, n, f, r, t, b)
-         & ~torch.eye(r, b, dtype=torch.bool).roll(c + f - t * b, 1) if 0 <= c + f - t * b < b else
-         tile_mask(c, n, f, r, t, b) & (t * b + torch.arange(b)[None, :] < c + f + torch.arange(r)[:, None]),
-         "key <= query"),
-        ("padding rows see keys", lambda c, n, f, r, t, b:
-         (t * b + torch.arange(b)[None, :] <= c + f + torch.arange(r)[:, None]) & (t * b + torch.arange(b) < c + n),
-         "rows past the request's query_len"),
-        ("an int mask", lambda *a: tile_mask(*a).int(), "return a bool tensor"),
+        ("key < query", lambda c, n, f, r, t, b: ref.tile_mask(c, n, f, r, t, b)
+         & (t * b + torch.arange(b)[None, :] < c + f + torch.arange(r)[:, None]), "key <= query"),
+        ("padding rows see keys (issue 39: 09.1)", tile_mask_no_padding, "is padding"),
+        ("padding rows see keys, no end bound", tile_mask_causal_only, "is padding"),
+        ("the mask inverted", lambda *a: ~ref.tile_mask(*a), "may NOT see"),
+        ("an int mask", lambda *a: ref.tile_mask(*a).int(), "return a bool tensor"),
     ]),
-    "check_online_softmax_update": (softmax_update, [
-        ("torch.softmax over the tile", lambda m, l, acc, s, v: (torch.maximum(m, s.amax(1)), l + 1,
-                                                                  acc + torch.softmax(s, 1) @ v), "torch.softmax"),
-        ("acc not rescaled", lambda m, l, acc, s, v: (softmax_update(m, l, acc, s, v)[0],
-                                                      softmax_update(m, l, acc, s, v)[1],
-                                                      acc + (s - softmax_update(m, l, acc, s, v)[0][:, None]).exp() @ v),
-         "acc is not rescaled"),
-        ("l not rescaled", lambda m, l, acc, s, v: (softmax_update(m, l, acc, s, v)[0],
-                                                    l + (s - softmax_update(m, l, acc, s, v)[0][:, None]).exp().sum(1),
-                                                    softmax_update(m, l, acc, s, v)[2]), "running sum l"),
-        ("the tile's max alone", lambda m, l, acc, s, v: softmax_update(torch.full_like(m, float("-inf")), l, acc, s, v),
-         "running max m"),
-        ("exp of raw scores", _naive_softmax_update, "running sum l"),
-        ("two values returned", lambda m, l, acc, s, v: softmax_update(m, l, acc, s, v)[:2], "three things"),
+    "check_count_window_tiles": (ref.count_window_tiles, [
+        ("the chapter's key_tiles in a loop", key_tiles_count, "the window"),
+        ("the engine's key_tiles", lambda ql, cl, t, r, w: ta.key_tiles(cl[0], 0, r, t) + (0,),
+         "minillm.kernels.triton_attention.key_tiles"),
+        ("the diagonal tile counted unmasked (issue 39: 09.3)",
+         lambda *a: window_tiles(*a, diagonal_unmasked=True), "LAST key is at or before"),
+        ("a floor on query tiles (issue 39: 09.3)", lambda *a: window_tiles(*a, floor_query_tiles=True),
+         "ceil(n / rows_per_tile) query tiles"),
+        ("the window ignored", lambda *a: window_tiles(*a, ignore_window=True), "the window"),
+        ("the chapter's answer, hard-coded", lambda *a: (12, 9, 6), "returned (12, 9, 6)"),
     ]),
-    "check_count_tiles": (count_tiles, [
-        ("the engine's key_tiles", lambda ql, cl, b, r: tuple(map(sum, zip(*[
-            (u, t - u, -(-(c + n) // b) - t) for n, c in zip(ql, cl) for f in range(0, n, r)
-            for u, t in [ta.key_tiles(c, f, min(r, n - f), b)]]))), "minillm.kernels.triton_attention.key_tiles"),
-        ("partial last block unmasked", lambda *a: count_tiles(*a, partial_last_unmasked=True), "past the sequence's end"),
-        ("every request walks the step's longest sequence", lambda *a: count_tiles(*a, step_wide_key_tiles=True),
-         "ITS key tiles"),
-        ("unmasked only strictly before the first row", lambda *a: count_tiles(*a, floor_first=True),
-         "LAST key is at or before"),
-        ("hard-coded chapter answer", lambda *a: (12, 9, 6), "returned (12, 9, 6)"),
-    ]),
-    "check_attention_intensity": (intensity, [
+    "check_attention_intensity": (ref.attention_intensity, [
         ("the accounting", lambda cfg, n, c, b: (lambda o: (o["attn_scores"][0] + o["attn_values"][0])
                                                 / (o["attn_scores"][1] + o["attn_values"][1]))(
             step_cost(cfg, [(n, c)], dtype_bytes=b).by_op), "minillm.sim.accounting.step_cost"),
@@ -138,22 +248,61 @@ CASES = {
         ("elements, not bytes", lambda *a: intensity(*a, use_bytes=False), "dtype_bytes"),
         ("the decode's 4, always", lambda *a: 4.0, "returned 4.0"),
     ]),
+    "check_merge_kernel": (ref.merge_kernel, [
+        ("a plain average", merge_plain_average, "a plain average"),
+        ("exp of raw log-sum-exps", merge_raw_exp, "subtract the row's largest lse"),
+        ("weights not normalised", merge_unnormalised, "do not add up to one"),
+        ("an empty segment's NaN read", merge_nan_leak, "0 * nan is nan"),
+        ("garbage past num_segments read", merge_reads_garbage, "only the first num_segments"),
+        ("the engine's merge kernel, pasted", ta.merge_segments_kernel, "crashed"),
+        ("chapter 1's merge_attention (not a kernel)", merge_attention, "is not a @triton.jit kernel"),
+    ]),
+    "check_predicted_launch": (ref.predicted_launch, [
+        ("the engine's planners", lifted_planners, "minillm.kernels.triton_attention.plan_tiles"),
+        ("tile runs times the segments", lambda *a: launch_variant(*a, times_splits=True),
+         "splitting adds programs, not tile runs"),
+        ("GQA not folded", lambda *a: launch_variant(*a, no_group=True), "GQA folds"),
+        ("the whole sequence per program", lambda *a: launch_variant(*a, whole_sequence=True),
+         "skips the key tiles past its last row"),
+        ("no segment axis", lambda ql, cl, h, g, bm, t, s: (ref.predicted_launch(ql, cl, h, g, bm, t, 1)[0],
+                                                            ref.predicted_launch(ql, cl, h, g, bm, t, s)[1]),
+         "a third axis"),
+        ("floats", lambda *a: tuple(float(x) for x in ref.predicted_launch(*a)), "two integers"),
+    ]),
 }
-# The chapter computes the intensity with step_cost (forbidden here) and for one model:
-# copied as it is printed, it must not pass.
-PRINTED_ON_TRANSFER = [("check_attention_intensity", lambda cfg, n, c, b: printed("attention_intensity")(n, c))]
-COPYABLE = {"check_tile_mask", "check_online_softmax_update"}     # the chapter prints a sketch of each
+CHUNK_SHORTCUTS = [   # (variant or callable, what the message must say)
+    ("handed_out", "the handed-out kernel's results, all its bugs still there"),
+    ("only_rescale_left", "running sum l is not rescaled"),
+    ("only_partial_left", "never visited"),
+    ("only_diagonal_left", "LAST key is at or before"),
+    ("partial_and_rescale_left", "2 of the handed-out kernel's bugs remain"),
+    ("walks_every_tile", "where"),
+    ("acc_not_rescaled", "differ from reference_attention"),
+]
+COPYABLE = {"check_tile_mask"}            # the chapter's one_program holds the mask of a tile
 
 
 def test_every_chapter_9_checker_is_tested_here():
-    assert set(CASES) == set(ch09.__all__) and set(ch09.__all__) <= set(ex.__all__)
+    assert set(CASES) | {"check_fixed_chunk_kernel"} == set(ch09.__all__) and set(ch09.__all__) <= set(ex.__all__)
 
 
-@pytest.mark.parametrize("checker", sorted(CASES))
+def test_the_public_checkers_import_neither_the_references_nor_the_hidden_cases():
+    tree = ast.parse((ROOT / "minillm" / "grading" / "ch09.py").read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
+    modules = {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert not ({"_reference", "_hidden"} & imported) and not any("_reference" in m or "_hidden" in m for m in modules)
+
+
+@pytest.mark.parametrize("checker", sorted(CASES) + ["check_fixed_chunk_kernel"])
 def test_a_correct_answer_passes(checker, capsys):
-    assert getattr(ex, checker)(CASES[checker][0], seed=3) is None
+    answer = ref.fixed_chunk_kernel if checker == "check_fixed_chunk_kernel" else CASES[checker][0]
+    assert getattr(ex, checker)(answer, seed=3) is None
     out = capsys.readouterr().out
     assert out.startswith("✓") and out.count("\n") == 1, out
+
+
+def test_another_correct_window_count_passes():
+    ex.check_count_window_tiles(window_tiles, seed=5)
 
 
 SHORTCUTS = [(checker, name, fn, says) for checker, (_, attempts) in sorted(CASES.items())
@@ -170,62 +319,113 @@ def test_a_shortcut_fails_with_a_helpful_message(checker, name, fn, says, capsys
     assert "Not yet" not in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("checker, fn", PRINTED_ON_TRANSFER, ids=[c for c, _ in PRINTED_ON_TRANSFER])
-def test_the_chapters_printed_code_does_not_pass_the_transfer_task(checker, fn):
-    for seed in (None, 11):
+@pytest.mark.parametrize("variant, says", CHUNK_SHORTCUTS, ids=[v for v, _ in CHUNK_SHORTCUTS])
+def test_a_kernel_with_bugs_left_fails_naming_them(variant, says, chunk_variants):
+    with pytest.raises(AssertionError) as failure:
+        ex.check_fixed_chunk_kernel(getattr(chunk_variants, variant), seed=3)
+    first_line = str(failure.value).splitlines()[0]
+    assert says in first_line, f"{variant}: {first_line}"
+    if variant in ("handed_out", "partial_and_rescale_left"):      # finding them is the task: not listed
+        assert not any(word in first_line for word in ("LAST key", "never visited", "not rescaled"))
+
+
+@pytest.mark.parametrize("fn, says", [
+    (printed("one_program"), "is not a @triton.jit kernel"),               # the chapter's torch sketch
+    (ta.attention_tile_kernel, "crashed"),                                   # the engine's kernel, pasted as is
+], ids=["one_program", "the engine's kernel"])
+def test_the_chapters_printed_code_does_not_pass_the_debug_task(fn, says):
+    with pytest.raises(AssertionError) as failure:
+        ex.check_fixed_chunk_kernel(fn)
+    assert says in str(failure.value).splitlines()[0]
+
+
+def test_the_chapters_key_tiles_does_not_pass_the_window_task_for_any_seed():
+    for seed in (None, 11, 12):
         with pytest.raises(AssertionError):
-            getattr(ex, checker)(fn, seed=seed)
+            ex.check_count_window_tiles(key_tiles_count, seed=seed)
 
 
-def test_copying_the_chapter_earns_at_most_half_the_points():
-    source = (ROOT / "exercises" / "solutions" / "src" / "09_the_mixed_step_on_a_gpu.py").read_text()
+def test_copying_the_chapter_earns_at_most_a_fifth_of_the_points():
+    source = EXERCISE.read_text()
     points = {m.group(1): int(m.group(2)) for m in re.finditer(r"ex\.(check_\w+)\(.*#\s*points:\s*(\d+)", source)}
     assert set(points) == set(ch09.__all__), "every checker is a graded task of the notebook"
-    assert sum(points[c] for c in COPYABLE) * 2 <= sum(points.values())
+    assert sum(points[c] for c in COPYABLE) * 5 <= sum(points.values())
 
 
-# ---- the references the checkers rest on ------------------------------------------------------
+def test_a_stub_kernel_counts_as_not_attempted(tmp_path):
+    path = tmp_path / "stub_kernel.py"
+    path.write_text("import triton\nimport triton.language as tl\n\n\n@triton.jit\n"
+                    "def fixed_chunk_kernel(q_ptr, k_ptr, v_ptr, out_ptr, cached_len, num_new, scale, "
+                    "HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, TILE_N: tl.constexpr):\n"
+                    "    raise NotImplementedError\n")
+    spec = importlib.util.spec_from_file_location("stub_kernel", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(NotImplementedError):
+        ex.check_fixed_chunk_kernel(module.fixed_chunk_kernel)
+
+
+# ---- hidden cases: the references pass them, a wrong answer does not ------------------------
+@pytest.mark.parametrize("checker", sorted(hidden.HIDDEN))
+def test_the_reference_answers_pass_the_hidden_cases(checker):
+    answer = {"check_fixed_chunk_kernel": ref.fixed_chunk_kernel, "check_merge_kernel": ref.merge_kernel}.get(
+        checker) or CASES[checker][0]
+    for kwargs in hidden.HIDDEN[checker]:
+        getattr(ex, checker)(answer, **kwargs)
+    extra = getattr(hidden, "hidden_" + checker, None)
+    if extra is not None:
+        extra(answer)
+
+
+def test_the_hidden_checks_catch_what_the_public_cases_might_miss():
+    with pytest.raises(AssertionError):
+        hidden.hidden_check_count_window_tiles(lambda *a: window_tiles(*a, diagonal_unmasked=True))
+    with pytest.raises(AssertionError):
+        hidden.hidden_check_predicted_launch(lambda *a: launch_variant(*a, times_splits=True))
+    with pytest.raises(AssertionError):
+        hidden.hidden_check_tile_mask(tile_mask_no_padding)
+
+
+# ---- the references agree with the engine ------------------------------------------------------
+def test_the_window_count_with_an_endless_window_is_the_chapters_diagonal_rule():
+    rng = random.Random(1)
+    for _ in range(60):
+        k = rng.randint(1, 4)
+        query_lens = [rng.choice([1, rng.randint(1, 70)]) for _ in range(k)]
+        cached_lens = [rng.randint(0, 90) for _ in range(k)]
+        tile_n, rows = rng.choice([16, 32, 64]), rng.choice([1, 8, 16, 32])
+        assert ref.count_window_tiles(query_lens, cached_lens, tile_n, rows, 10**9) == \
+            key_tiles_count(query_lens, cached_lens, tile_n, rows, None)
+        window = rng.randint(1, 150)
+        assert ref.count_window_tiles(query_lens, cached_lens, tile_n, rows, window) == \
+            ch09._window_tiles(query_lens, cached_lens, tile_n, rows, window) == \
+            window_tiles(query_lens, cached_lens, tile_n, rows, window)
+
+
+def test_the_predicted_launch_reference_is_what_the_interpreter_counts():
+    for args in [([7, 1, 30], [3, 90, 0], 2, 2, 16, 16, 1), ([1, 1, 1], [40, 130, 5], 1, 4, 16, 32, 4),
+                 ([33], [17], 2, 1, 32, 64, 3)]:
+        assert ref.predicted_launch(*args) == ch09._measured_launch(*args)
+
+
 def test_the_tile_mask_reference_is_a_block_of_the_bottom_right_causal_mask():
     rng = random.Random(0)
     for _ in range(200):
-        block_size, n, c = rng.choice([4, 16]), rng.randint(1, 40), rng.randint(0, 50)
+        block_size, n, c = rng.choice([4, 16, 48]), rng.randint(1, 40), rng.randint(0, 50)
         first = rng.randrange(n)
         rows, tile = rng.randint(1, 16), rng.randrange(-(-(c + n) // block_size))
-        full = torch.zeros(first + rows, (tile + 1) * block_size, dtype=torch.bool)
-        mask = causal_mask(n, c + n)[first:first + rows, tile * block_size:(tile + 1) * block_size]
-        full[:mask.shape[0], :mask.shape[1]] = mask
-        assert torch.equal(ref.tile_mask(c, n, first, rows, tile, block_size), full[:rows, :block_size])
+        assert torch.equal(ref.tile_mask(c, n, first, rows, tile, block_size),
+                           ch09._engine_tile_mask(c, n, first, rows, tile, block_size))
 
 
-def test_the_tile_count_reference_is_the_kernels_tile_arithmetic():
-    rng = random.Random(1)
-    for _ in range(80):
-        k = rng.randint(1, 4)
-        query_lens = [rng.choice([1, rng.randint(1, 70)]) for _ in range(k)]
-        cached_lens = [rng.randint(0, 60) for _ in range(k)]
-        block_size, rows = rng.choice([4, 16, 32]), rng.choice([1, 8, 16, 32])
-        requests, first_rows = ta.plan_tiles(query_lens, group=1, block_m=rows)
-        counts = [0, 0, 0]
-        for b, first in zip(requests, first_rows):
-            n, c = query_lens[b], cached_lens[b]
-            unmasked, total = ta.key_tiles(c, first, min(rows, n - first), block_size)
-            counts[0] += unmasked
-            counts[1] += total - unmasked
-            counts[2] += -(-(c + n) // block_size) - total
-        assert tuple(counts) == ref.count_tiles(query_lens, cached_lens, block_size, rows)
-
-
-def test_the_online_softmax_reference_over_tiles_is_one_softmax_and_the_merge():
-    gen = torch.Generator().manual_seed(0)
-    scores, v = torch.randn(3, 12, generator=gen, dtype=torch.float64) * 30, torch.randn(12, 5, dtype=torch.float64)
-    m, l, acc = torch.full((3,), float("-inf"), dtype=torch.float64), torch.zeros(3, dtype=torch.float64), \
-        torch.zeros(3, 5, dtype=torch.float64)
-    for start in range(0, 12, 4):
-        m, l, acc = ref.online_softmax_update(m, l, acc, scores[:, start:start + 4], v[start:start + 4])
-    torch.testing.assert_close(acc / l[:, None], torch.softmax(scores, 1) @ v, atol=1e-12, rtol=0)
-    lse_a, lse_b = torch.logsumexp(scores[:, :6], 1), torch.logsumexp(scores[:, 6:], 1)
-    merged, _ = merge_attention(torch.softmax(scores[:, :6], 1) @ v[:6], lse_a, torch.softmax(scores[:, 6:], 1) @ v[6:], lse_b)
-    torch.testing.assert_close(acc / l[:, None], merged, atol=1e-12, rtol=0)
+def test_the_chunk_emulation_without_bugs_is_reference_attention():
+    from minillm.attention import reference_attention
+    q, k, v = ch09._chunk_case(13, 37, 16, seed=0)
+    exact = reference_attention(q.double()[:, None], k.double()[:, None], v.double()[:, None])[:, 0]
+    torch.testing.assert_close(ch09._chunk_emulation(q, k, v, 13, 16, 16), exact, atol=1e-12, rtol=0)
+    for bug in ch09._CHUNK_BUGS:            # each bug alone changes the result on this case
+        assert not torch.allclose(ch09._chunk_emulation(q, k, v, 13, 16, 16, (bug,)), exact, atol=1e-3,
+                                  equal_nan=True)
 
 
 def test_the_intensity_reference_equals_the_accounting():

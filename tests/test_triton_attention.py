@@ -14,16 +14,17 @@ rescale moves outputs by ~1e-1, so 1e-5 leaves room for rounding and none
 for a bug.
 """
 import importlib.util
+import inspect
+import re
 import sys
 from pathlib import Path
-from unittest import mock
 
 import pytest
 import torch
 
 import minillm
-from minillm import LLMEngine, SamplingParams, SchedulerConfig, attention
-from minillm.attention import AttentionBatch, paged_attention, reference_attention, write_kv
+from minillm import LLMEngine, SamplingParams, SchedulerConfig
+from minillm.attention import AttentionBatch, paged_attention
 from minillm.kernels import triton_attention as ta
 from minillm.kv_cache import BlockManager
 
@@ -66,26 +67,30 @@ def _reference(q, k_cache, v_cache, batch):
                            backend="reference")
 
 
-# Each case: (query_lens, cached_lens, block_size, num_heads, num_kv_heads, head_dim).
-# Together: GQA ratios 1, 2, 4, 8; head_dim 32, 64, 128; block sizes 16 and 32;
-# decode-only, prefill-only and mixed steps; chunks that start mid-block.
+# Each case: (query_lens, cached_lens, block_size, num_heads, num_kv_heads, head_dim, tile_n).
+# Together: block sizes 8, 16, 48 (not a power of two), 128 and 256 against key tiles of
+# 16, 32 and 64 (a tile holding several blocks, part of one, or straddling two); chunks
+# that start mid-block and mid-tile; GQA ratios 1, 2, 3, 4 and 8; head_dim 24 (padded to
+# 32), 64 and 128; decode-only, prefill-only and mixed steps. Interpreted, they take
+# ~1.5 s together (the whole module ~15 s on this 2-core machine).
 CASES = {
-    "prefill only, MHA": ([37], [0], 16, 4, 4, 32),
-    "chunk mid-block, GQA 2": ([21], [13], 16, 4, 2, 64),
-    "decodes only, GQA 4": ([1, 1, 1], [0, 15, 47], 16, 8, 2, 64),
-    "mixed, GQA 8, d=128": ([9, 1, 17, 1], [0, 33, 5, 2], 32, 8, 1, 128),
-    "mixed, blocks of 32": ([40, 1, 3], [7, 64, 31], 32, 4, 2, 32),
-    "long chunk over a long prefix": ([70], [50], 16, 2, 1, 64),
-    "prefix-cached prompt (whole blocks cached)": ([5, 1], [32, 9], 16, 4, 2, 128),
+    "prefill only, MHA, blocks of 16 = tiles of 16": ([37], [0], 16, 4, 4, 32, 16),
+    "blocks of 8 in tiles of 32, mid-tile chunk, MHA, d=24": ([21, 1], [13, 40], 8, 2, 2, 24, 32),
+    "blocks of 16, mixed, GQA 2": ([9, 1, 17, 1], [0, 33, 5, 2], 16, 4, 2, 64, 16),
+    "blocks of 48 straddled by tiles of 32, GQA 3": ([40, 1, 3], [7, 95, 50], 48, 6, 2, 64, 32),
+    "decodes only, GQA 4": ([1, 1, 1], [0, 15, 47], 16, 8, 2, 64, 32),
+    "blocks of 128 in tiles of 16, chunk mid-block, GQA 8, d=128": ([20, 1], [130, 200], 128, 8, 1, 128, 16),
+    "blocks of 256 in tiles of 64, GQA 4, d=128": ([70, 1], [300, 260], 256, 8, 2, 128, 64),
+    "prefix-cached prompt (whole blocks cached), d=24": ([5, 1], [32, 9], 16, 4, 2, 24, 32),
 }
 
 
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 def test_one_launch_agrees_with_the_reference_backend_in_float32(case):
-    query_lens, cached_lens, block_size, num_heads, num_kv_heads, head_dim = case
+    query_lens, cached_lens, block_size, num_heads, num_kv_heads, head_dim, tile_n = case
     q, k_cache, v_cache, batch = _packed_step(query_lens, cached_lens, block_size, num_heads, num_kv_heads, head_dim)
     expected = _reference(q, k_cache, v_cache, batch)
-    out = ta.triton_paged_attention(q, k_cache, v_cache, batch)
+    out = ta.triton_paged_attention(q, k_cache, v_cache, batch, tile_n=tile_n)
     torch.testing.assert_close(out, expected, atol=ATOL_FLOAT32, rtol=0)
 
 
@@ -139,7 +144,7 @@ def test_the_poisoned_step_catches_a_kernel_with_a_load_mask_removed(tmp_path):
     """The test above would fail if the V load had lost its mask: a copy of the
     module with that one mask removed puts NaN in the output."""
     source = Path(ta.__file__).read_text()
-    unmasked = "v = tl.load(v_cache_ptr + block * stride_v_block + v_offsets, mask=kv_mask, other=0.0)"
+    unmasked = "v = tl.load(v_cache_ptr + v_offsets + dims[None, :], mask=kv_mask, other=0.0)"
     assert unmasked in source
     path = tmp_path / "triton_attention_unmasked.py"
     path.write_text(source.replace(unmasked, unmasked.replace(", mask=kv_mask, other=0.0", "")))
@@ -154,24 +159,50 @@ def test_the_poisoned_step_catches_a_kernel_with_a_load_mask_removed(tmp_path):
     assert bool(out.isnan().any()), "a V load without its mask went unnoticed"
 
 
-def test_tiles_past_the_diagonal_are_skipped_and_only_diagonal_tiles_are_masked():
+@pytest.mark.parametrize("tile_n", ta.TILE_N_CHOICES)
+def test_key_tiles_skips_past_the_diagonal_and_masks_only_diagonal_tiles(tile_n):
     """ta.key_tiles is the kernel's tile arithmetic in Python: checked against the mask itself."""
-    block_size = 16
-    for cached in (0, 5, 16, 40):
+    for cached in (0, 5, 16, 40, 70):
         for n in (1, 7, 16, 33):
             for first_row in range(0, n, 8):
                 rows = min(8, n - first_row)
-                unmasked, total = ta.key_tiles(cached, first_row, rows, block_size)
+                unmasked, total = ta.key_tiles(cached, first_row, rows, tile_n)
                 positions = range(cached + first_row, cached + first_row + rows)
-                for j in range(-(-(cached + n) // block_size)):
-                    keys = range(j * block_size, (j + 1) * block_size)
+                for j in range(-(-(cached + n) // tile_n)):
+                    keys = [k for k in range(j * tile_n, (j + 1) * tile_n) if k < cached + n]
                     seen = [[k <= p for k in keys] for p in positions]
+                    full = all(map(all, seen)) and len(keys) == tile_n
                     if j < unmasked:
-                        assert all(map(all, seen)), (cached, n, first_row, j)      # needs no mask
+                        assert full, (cached, n, first_row, j)                      # needs no mask
                     elif j < total:
-                        assert not all(map(all, seen)) and any(map(any, seen))      # the diagonal
+                        assert not full and any(map(any, seen))                    # the diagonal
                     else:
                         assert not any(map(any, seen))                              # skipped
+
+
+@pytest.mark.skipif(not ta.INTERPRETED, reason="counts the interpreter's operations")
+@pytest.mark.parametrize("cached, n, tile_n", [(40, 9, 16), (13, 21, 32), (0, 37, 16), (64, 1, 32)])
+def test_the_kernel_visits_the_tiles_key_tiles_names_and_masks_only_the_diagonal_ones(cached, n, tile_n,
+                                                                                     monkeypatch):
+    """One program (a single query tile): it runs two tl.dots per key tile it visits, and
+    one tl.where per tile (the guard of a row with no key yet) plus one per masked tile."""
+    from triton.runtime import interpreter
+    counts = {"dot": 0, "select": 0}
+    for op, name in (("dot", "create_dot"), ("select", "create_select")):
+        original = getattr(interpreter.InterpreterBuilder, name)
+
+        def counting(self, *args, _op=op, _original=original, **kwargs):
+            counts[_op] += 1
+            return _original(self, *args, **kwargs)
+        monkeypatch.setattr(interpreter.InterpreterBuilder, name, counting)
+    q, k_cache, v_cache, batch = _packed_step([n], [cached], 16, 2, 2, 16)
+    out = ta.triton_paged_attention(q, k_cache, v_cache, batch, tile_n=tile_n, num_kv_splits=1)
+    unmasked, total = ta.key_tiles(cached, 0, n, tile_n)
+    num_programs = 2                                       # one query tile x 2 KV heads
+    assert counts["dot"] == num_programs * 2 * total
+    assert counts["select"] == num_programs * (total + (total - unmasked))
+    monkeypatch.undo()
+    torch.testing.assert_close(out, _reference(q, k_cache, v_cache, batch), atol=ATOL_FLOAT32, rtol=0)
 
 
 def test_plan_tiles_gives_a_decode_one_tile_and_a_chunk_as_many_as_its_rows_need():
@@ -180,20 +211,134 @@ def test_plan_tiles_gives_a_decode_one_tile_and_a_chunk_as_many_as_its_rows_need
     assert first_rows == [0, 0, 16, 32, 0, 0]
 
 
-def test_float64_and_bad_precision_are_refused_with_value_errors_naming_them():
+# ---- split-KV ------------------------------------------------------------------
+def test_the_split_rule_splits_only_a_decode_only_step_with_fewer_programs_than_sms():
+    plan = lambda query_lens, cached_lens, programs, **kw: ta.plan_segments(  # noqa: E731
+        query_lens, cached_lens, 8, 32, num_programs=programs, num_sms=132, **kw)
+    # 4 decodes x 8 KV heads = 32 programs on 132 SMs: ceil(132 / 32) = 5 segments.
+    num_segments, per_segment = plan([1] * 4, [4095] * 4, 32)
+    assert num_segments == 5 and per_segment == [26] * 4          # 128 tiles of 32 keys, shared by 5
+    assert plan([1] * 4, [4095, 100, 0, 3000], 32) == (5, [26, 1, 1, 19])
+    assert plan([1] * 4, [300] * 4, 32)[0] == 1                    # 301 keys: one 256-key segment at most
+    assert plan([1] * 4, [600] * 4, 32)[0] == 2
+    assert plan([1] * 32, [4095] * 32, 256)[0] == 1                # programs >= SMs: no split
+    assert plan([512, 1], [0, 4095], 40)[0] == 1                  # a chunk in the step: no split
+    assert plan([1], [10**6], 8)[0] == 17                          # ceil(132 / 8)
+    assert plan([1], [10**6], 1)[0] == ta.MAX_SEGMENTS
+    # Forced: a count (even sharing) or a fixed size in tokens, any step.
+    assert plan([512, 1], [0, 4095], 40, num_kv_splits=4) == (4, [4, 32])
+    assert plan([512, 1], [0, 4095], 40, kv_split_size=1024) == (4, [32, 32])
+
+
+# (query_lens, cached_lens, block_size, num_heads, num_kv_heads, head_dim, tile_n, split)
+SPLIT_CASES = {
+    # Segments of 2 tiles of 16 = 32 keys end mid-block (blocks of 48); the short decode's
+    # last segments hold no key at all.
+    "decodes, segments ending mid-block, empty segments": ([1, 1, 1], [150, 7, 60], 48, 4, 2, 64,
+                                                           16, dict(num_kv_splits=5)),
+    "decodes, a fixed split size of 64 tokens, GQA 8, d=128": ([1, 1], [200, 30], 16, 8, 1, 128,
+                                                               32, dict(kv_split_size=64)),
+    # A fixed size splits chunks too: a chunk's early rows see no key in the segments
+    # past their position (a row with m = -inf inside a program that computes).
+    "mixed step with a fixed split size, d=24": ([40, 1], [20, 90], 8, 4, 2, 24, 16, dict(kv_split_size=32)),
+}
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES.values(), ids=SPLIT_CASES.keys())
+def test_split_kv_and_its_merge_agree_with_the_reference_backend(case):
+    query_lens, cached_lens, block_size, num_heads, num_kv_heads, head_dim, tile_n, split = case
+    q, k_cache, v_cache, batch = _packed_step(query_lens, cached_lens, block_size, num_heads, num_kv_heads, head_dim)
+    out = ta.triton_paged_attention(q, k_cache, v_cache, batch, tile_n=tile_n, **split)
+    torch.testing.assert_close(out, _reference(q, k_cache, v_cache, batch), atol=ATOL_FLOAT32, rtol=0)
+
+
+def test_a_decode_only_step_of_few_long_decodes_splits_by_itself_and_merges(monkeypatch):
+    launches = []
+
+    class Counting:
+        def __init__(self, kernel, name):
+            self.kernel, self.name = kernel, name
+
+        def __getitem__(self, grid):
+            launches.append((self.name, grid))
+            return self.kernel[grid]
+
+    monkeypatch.setattr(ta, "attention_tile_kernel", Counting(ta.attention_tile_kernel, "tiles"))
+    monkeypatch.setattr(ta, "merge_segments_kernel", Counting(ta.merge_segments_kernel, "merge"))
+    q, k_cache, v_cache, batch = _packed_step([1, 1], [700, 520], 16, 4, 2, 32)
+    out = ta.triton_paged_attention(q, k_cache, v_cache, batch)
+    # 2 decodes x 2 KV heads = 4 programs < 132 SMs; 701 keys hold two 256-key segments.
+    assert launches == [("tiles", (2, 2, 2)), ("merge", (2, 4))]
+    torch.testing.assert_close(out, _reference(q, k_cache, v_cache, batch), atol=ATOL_FLOAT32, rtol=0)
+    launches.clear()
+    ta.triton_paged_attention(q, k_cache, v_cache, batch, num_sms=4)     # as many programs as SMs: no split
+    assert launches == [("tiles", (2, 2, 1))]
+
+
+# ---- refused before launch ---------------------------------------------------------
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Any launch fails the test: what is refused must be refused before the kernel runs."""
+    class Refuse:
+        def __getitem__(self, grid):
+            raise AssertionError(f"a kernel was launched (grid {grid}) for arguments that should be refused")
+    monkeypatch.setattr(ta, "attention_tile_kernel", Refuse())
+    monkeypatch.setattr(ta, "merge_segments_kernel", Refuse())
+
+
+def test_float64_and_every_unsupported_dtype_are_refused_by_name_before_launch(no_launch):
     q, k_cache, v_cache, batch = _packed_step([2], [3])
-    with pytest.raises(ValueError, match="dtype=torch.float64"):
+    with pytest.raises(ValueError, match=r"q\.dtype=torch\.float64.*backend='reference'"):
         ta.triton_paged_attention(q.double(), k_cache.double(), v_cache.double(), batch)
+    with pytest.raises(ValueError, match=r"k_cache\.dtype=torch\.int8"):
+        ta.triton_paged_attention(q, k_cache.to(torch.int8), v_cache, batch)
+    with pytest.raises(ValueError, match=r"v_cache\.dtype=torch\.float8_e4m3fn"):
+        ta.triton_paged_attention(q, k_cache, v_cache.to(torch.float8_e4m3fn), batch)
+    with pytest.raises(ValueError, match="share a dtype.*torch.bfloat16"):
+        ta.triton_paged_attention(q, k_cache.bfloat16(), v_cache, batch)
     with pytest.raises(ValueError, match="precision='fast'"):
         ta.triton_paged_attention(q, k_cache, v_cache, batch, precision="fast")
 
 
-def test_triton_is_a_backend_and_the_default_on_cuda_only_where_triton_is_installed():
-    assert "triton" in attention.BACKENDS
-    assert attention.default_backend("cpu") == "sdpa"
-    assert attention.default_backend("cuda") == "triton"
-    with mock.patch.object(importlib.util, "find_spec", return_value=None):
-        assert attention.default_backend("cuda") == "sdpa"
+@pytest.mark.parametrize("block_m", [8, 24, 100, 0, -16, 32.0, True])
+def test_block_m_must_be_a_power_of_two_of_at_least_16(block_m, no_launch):
+    q, k_cache, v_cache, batch = _packed_step([2], [3])
+    with pytest.raises(ValueError, match=rf"block_m={block_m!r}: must be a power of two >= 16"):
+        ta.triton_paged_attention(q, k_cache, v_cache, batch, block_m=block_m)
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    (dict(tile_n=8), "tile_n=8: must be one of (16, 32, 64)"),
+    (dict(tile_n=128), "tile_n=128"),
+    (dict(kv_split_size=48), "kv_split_size=48: must be a positive multiple of tile_n=32"),
+    (dict(kv_split_size=0), "kv_split_size=0"),
+    (dict(num_kv_splits=0), r"num_kv_splits=0: must be an integer in \[1, 64\]"),
+    (dict(num_kv_splits=2, kv_split_size=64), "a count or a size, not both"),
+])
+def test_tile_and_split_arguments_are_checked_by_name(kwargs, says, no_launch):
+    q, k_cache, v_cache, batch = _packed_step([2], [3])
+    with pytest.raises(ValueError, match=says.replace("(", r"\(").replace(")", r"\)")):
+        ta.triton_paged_attention(q, k_cache, v_cache, batch, **kwargs)
+
+
+def test_every_token_offset_is_an_int64_product():
+    """q's, out's, the block table's and the split scratch's offsets are a row index times a
+    stride: past 2^31 on long steps. They all go through _offsets, which multiplies in int64
+    (in the interpreter as on a GPU an int32 product wraps: 2^20 x 2^12 gives 0)."""
+    bodies = "".join(inspect.getsource(f).split('"""', 2)[2]            # the code after the docstring
+                     for f in (ta._attention_tile_program, ta._merge_segments_program))
+    for stride in ("stride_q_token", "stride_o_token", "stride_table", "num_heads"):
+        uses = len(re.findall(rf"\b{stride}\b", bodies))
+        through_offsets = len(re.findall(rf"_offsets\([^\n]*?, {stride}\)", bodies))
+        assert uses and uses == through_offsets, f"{stride}: {uses} uses, {through_offsets} through _offsets"
+    if ta.INTERPRETED:
+        @ta.triton.jit
+        def probe(index_ptr, out_ptr, stride):
+            index = ta.tl.load(index_ptr + ta.tl.arange(0, 2))
+            ta.tl.store(out_ptr + ta.tl.arange(0, 2), ta._offsets(index, stride))
+        out = torch.zeros(2, dtype=torch.int64)
+        probe[(1,)](torch.tensor([1 << 20, 3], dtype=torch.int32), out, 1 << 12)
+        assert out.tolist() == [1 << 32, 3 << 12]
 
 
 # ---- the engine with backend="triton" -------------------------------------------

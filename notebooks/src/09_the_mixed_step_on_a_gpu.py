@@ -10,16 +10,20 @@
 #
 # **What you build.** The engine's `backend="triton"`: ONE Triton kernel launch per layer
 # for a whole packed step (prefill chunks, decodes, prefix-cached prompts), reading the
-# paged KV cache through the block tables, with grouped-query heads, an online softmax in
-# float32, no mask on the tiles before the diagonal, a mask on the diagonal tiles, and no
-# work at all past the diagonal. You run it here, on a laptop, in Triton's interpreter,
-# and check it against the reference backend and the engine's greedy tokens. Then you
-# count what a decode costs inside such a kernel: one query row in a tile built for many.
+# paged KV cache through the block tables 16, 32 or 64 keys at a time whatever the block
+# size, with grouped-query heads, an online softmax in float32, no mask on the tiles
+# before the diagonal, a mask on the diagonal tiles, and no work at all past the
+# diagonal. You run it here, on a laptop, in Triton's interpreter, and check it against
+# the reference backend and the engine's greedy tokens. Then you price a program's
+# on-chip memory for each tile size against an A100's and an H100's, count what a decode
+# costs inside such a kernel (one query row in a tile built for many), and split a few
+# long decodes across the GPU's multiprocessors (split-KV), merging the pieces by
+# log-sum-exp.
 
 # %% slideshow={"slide_type": "skip"}
 # Import the kernel's module before anything else that might import triton: it turns on
 # triton's interpreter (TRITON_INTERPRET=1) when there is no CUDA device, and that only
-# works before triton is imported (section 4).
+# works before triton is imported (section 5).
 from minillm.kernels import triton_attention as ta
 
 import matplotlib.pyplot as plt
@@ -33,6 +37,7 @@ from minillm.book.show import show_source
 from minillm.kv_cache import BlockManager
 from minillm.sim.accounting import step_cost
 from minillm.sim.hardware import get_hardware
+from minillm.sim.profiles import PROFILES
 
 torch.manual_seed(0)
 RUN_KERNEL = ta.triton_available()
@@ -62,21 +67,21 @@ DEVICE = "cpu" if ta.INTERPRETED or not RUN_KERNEL else "cuda"
 # * otherwise it **crosses the diagonal**: mask `key <= query`.
 #
 # Here is a chunk of 96 tokens over 40 cached ones, with query tiles of 32 rows and key
-# tiles of 16 (one cache block each):
+# tiles of 16 keys (where the keys' cache blocks lie does not matter yet: section 3):
 
 # %% slideshow={"slide_type": "subslide"}
-cached, n, rows_per_tile, block_size = 40, 96, 32, 16
-num_key_tiles = -(-(cached + n) // block_size)
+cached, n, rows_per_tile, tile_n = 40, 96, 32, 16
+num_key_tiles = -(-(cached + n) // tile_n)
 kinds = torch.zeros(-(-n // rows_per_tile), num_key_tiles)          # 0 skip, 1 masked, 2 unmasked
 for t, first_row in enumerate(range(0, n, rows_per_tile)):
-    unmasked, total = ta.key_tiles(cached, first_row, min(rows_per_tile, n - first_row), block_size)
+    unmasked, total = ta.key_tiles(cached, first_row, min(rows_per_tile, n - first_row), tile_n)
     kinds[t, :unmasked], kinds[t, unmasked:total] = 2, 1
 fig, ax = plt.subplots(figsize=(7, 2.4))
 ax.imshow(kinds, cmap="Blues", vmin=0, vmax=2.3, aspect="auto")
-ax.axvline(cached / block_size - 0.5, color="C3", label="end of the cached prefix")
+ax.axvline(cached / tile_n - 0.5, color="C3", label="end of the cached prefix")
 for (t, j), kind in zip(((t, j) for t in range(kinds.shape[0]) for j in range(num_key_tiles)), kinds.flatten()):
     ax.text(j, t, ["skip", "mask", ""][int(kind)], ha="center", va="center", fontsize=7)
-ax.set(xlabel=f"key tile ({block_size} keys = one cache block)", ylabel=f"query tile ({rows_per_tile} rows)",
+ax.set(xlabel=f"key tile ({tile_n} keys)", ylabel=f"query tile ({rows_per_tile} rows)",
        title="Only tiles on the diagonal need a mask; tiles past it are never loaded",
        xticks=range(num_key_tiles), yticks=range(kinds.shape[0]))
 ax.legend(loc="lower left", fontsize=7)
@@ -101,13 +106,13 @@ assert counts == {"unmasked": 12, "masked": 9, "skipped": 6}
 # to one key tile at a time. Ten lines of torch for one program:
 
 # %%
-def one_program(q_rows, query_pos, k, v, block_size):
+def one_program(q_rows, query_pos, k, v, tile_n):
     """q_rows [R, D] at absolute positions query_pos [R]; k, v [L, D] -> out [R, D]."""
     m = torch.full((len(q_rows),), float("-inf"), dtype=q_rows.dtype)
     l = torch.zeros(len(q_rows), dtype=q_rows.dtype)
     acc = torch.zeros_like(q_rows)
-    for start in range(0, int(query_pos.max()) + 1, block_size):           # later tiles: skipped
-        key_pos = torch.arange(start, min(start + block_size, len(k)))
+    for start in range(0, int(query_pos.max()) + 1, tile_n):               # later tiles: skipped
+        key_pos = torch.arange(start, min(start + tile_n, len(k)))
         scores = q_rows @ k[key_pos].T / q_rows.shape[-1] ** 0.5
         if key_pos[-1] > query_pos.min():                                    # the diagonal
             scores = scores.masked_fill(key_pos[None, :] > query_pos[:, None], float("-inf"))
@@ -132,9 +137,13 @@ assert torch.allclose(tiled, exact, atol=1e-12, rtol=0)
 #
 # The engine's kernel is this loop in Triton, with the three things a real step adds:
 #
-# * **Paging.** A key tile is one cache block: the program reads the request's block
-#   table to find it (`tl.load(table + j)`), exactly as chapter 3's `gather_kv` does, but
-#   without copying anything.
+# * **Paging.** A key tile is `TILE_N` keys (16, 32 or 64), whatever the cache's block
+#   size: the program looks up each key's block in the request's block table
+#   (`tl.load(table + key_pos // BLOCK_SIZE)`) and its slot in that block
+#   (`key_pos % BLOCK_SIZE`), exactly as chapter 3's `gather_kv` does, but without
+#   copying anything. A tile may hold several small blocks, part of a big one, or
+#   straddle two (blocks of 48 read 32 keys at a time); section 4 says why the tile must
+#   not grow with the block.
 # * **Grouped-query attention.** The `G` query heads that share a KV head are folded into
 #   the tile's rows: row `r` is query position `r // G` of head `r % G`. One K/V tile
 #   loaded from memory serves all `G` heads. The grid is (query tiles, KV heads).
@@ -157,7 +166,9 @@ show_source(ta.key_tiles)
 # tokens, a chunk of 21 tokens that starts mid-block (13 cached), and a prompt whose first
 # two blocks come from the prefix cache; 8 query heads share 2 KV heads, head_dim 64, and
 # the requests' blocks are scattered through the pool. On this machine the launch runs in
-# the interpreter (its programs one after another, in numpy).
+# the interpreter (its programs one after another, in numpy). The same step runs three
+# times: blocks of 16 read 32 keys a tile, blocks of 48 (not a power of two) read 32 keys
+# a tile, and blocks of 256 (flash-attn's) read 16.
 
 # %%
 def mixed_step(query_lens, cached_lens, block_size=16, num_heads=8, num_kv_heads=2, head_dim=64, seed=0):
@@ -176,28 +187,114 @@ def mixed_step(query_lens, cached_lens, block_size=16, num_heads=8, num_kv_heads
     return q, k_cache, v_cache, batch
 
 
+def reference_of(q, k_cache, v_cache, batch):
+    """The reference backend on the same step (the step's own K and V are already in their slots)."""
+    flat = lambda cache: cache.view(-1, *cache.shape[2:])[batch.slot_mapping]   # noqa: E731
+    return paged_attention(q, flat(k_cache), flat(v_cache), k_cache.clone(), v_cache.clone(), batch,
+                           backend="reference")
+
+
 query_lens, cached_lens = [37, 1, 21, 5], [0, 47, 13, 32]
-q, k_cache, v_cache, batch = mixed_step(query_lens, cached_lens)
-k_new = k_cache.view(-1, 2, 64)[batch.slot_mapping]          # the step's own K and V, already in their slots
-v_new = v_cache.view(-1, 2, 64)[batch.slot_mapping]
-expected = paged_attention(q, k_new, v_new, k_cache.clone(), v_cache.clone(), batch, backend="reference")
 requests, first_rows = ta.plan_tiles(query_lens, group=4, block_m=ta.BLOCK_M_CPU)
 print(f"one launch: grid = ({len(requests)} query tiles, 2 KV heads); tiles (request, first row):",
       list(zip(requests, first_rows)))
-if RUN_KERNEL:
-    out = ta.triton_paged_attention(q.to(DEVICE), k_cache.to(DEVICE), v_cache.to(DEVICE), batch).cpu()
-    error = (out - expected).abs().max().item()
-    print(f"triton kernel vs reference backend, float32: max |error| = {error:.1e}")
-    assert error < 1e-5
+for block_size, tile_n in [(16, 32), (48, 32), (256, 16)]:
+    q, k_cache, v_cache, batch = mixed_step(query_lens, cached_lens, block_size=block_size)
+    expected = reference_of(q, k_cache, v_cache, batch)
+    if RUN_KERNEL:
+        out = ta.triton_paged_attention(q.to(DEVICE), k_cache.to(DEVICE), v_cache.to(DEVICE), batch,
+                                        tile_n=tile_n).cpu()
+        error = (out - expected).abs().max().item()
+        print(f"blocks of {block_size:3d}, key tiles of {tile_n}: triton vs reference backend, float32: "
+              f"max |error| = {error:.1e}")
+        assert error < 1e-5
 
 # %% [markdown]
-# The kernel agrees with the reference backend to rounding (the printed error is ~1e-6:
-# float32's unit roundoff, 6e-8, times the sums of 64 products and the exps of both
-# computations, each rounded its own way; the tests hold it to 1e-5 over GQA ratios
-# 1 to 8, head_dim 32 to 128, blocks of 16 and 32, decode-only, prefill-only and mixed
-# steps). Note the plan: the decode (request 1) is one tile of its own.
+# The kernel agrees with the reference backend to rounding whatever the block size (the
+# printed errors are ~1e-6: float32's unit roundoff, 6e-8, times the sums of 64 products
+# and the exps of both computations, each rounded its own way; the tests hold it to 1e-5
+# over GQA ratios 1 to 8, head_dim 24, 64 and 128, blocks of 8, 16, 48, 128 and 256,
+# chunks starting mid-block and mid-tile, decode-only, prefill-only and mixed steps).
+# Note the plan: the decode (request 1) is one tile of its own.
 #
-# ## 4. Running a GPU kernel on a laptop, and its traps
+# ## 4. How big a key tile? A program's on-chip budget
+#
+# The first version of this kernel read one cache block per iteration: its key tile was
+# the block size. At block size 256, which flash-attn's paged KV needs, that is a
+# `[64, 256]` float32 score tile per program, and K and V tiles of 256 keys. Where does
+# that leave a program on a real GPU? A model of what a Triton program holds (Triton
+# places the tiles itself; this is the budget, not a measurement):
+#
+# * **shared memory**: the Q tile (`BLOCK_M x D`, loaded once), and the K and V tiles
+#   (`TILE_N x D` each), of which Triton's software pipelining keeps `num_stages` in
+#   flight: 3 by default on NVIDIA GPUs (Triton 3.9, `triton/backends/nvidia/compiler.py`,
+#   `CUDAOptions.num_stages = 3`; `num_warps = 4`, i.e. 128 threads);
+# * **registers**: the float32 accumulator (`BLOCK_M x D`) and score tile
+#   (`BLOCK_M x TILE_N`), shared by the program's 128 threads.
+#
+# The limits, from NVIDIA's tuning guides: an A100 (compute capability 8.0) has 164 KB of
+# shared memory per SM, at most 163 KB for one thread block ("Tuning CUDA Applications for
+# NVIDIA Ampere GPU Architecture"); an H100 (9.0) 228 KB per SM, at most 227 KB per block
+# ("... Hopper GPU Architecture"); both have 64K 32-bit registers per SM and at most 255
+# registers per thread. For Llama-3-8B's heads (bf16, head_dim 128), `BLOCK_M = 64`:
+
+# %% slideshow={"slide_type": "subslide"}
+KIB = 1024
+GPU_LIMITS = {"A100": dict(shared_per_sm=164 * KIB, shared_per_block=163 * KIB),
+              "H100": dict(shared_per_sm=228 * KIB, shared_per_block=227 * KIB)}
+REGISTERS_PER_SM, MAX_REGISTERS_PER_THREAD, THREADS = 65536, 255, 4 * 32   # num_warps = 4
+NUM_STAGES = 3
+
+
+def program_budget(block_m, tile_n, head_dim=128, element_bytes=2, num_stages=NUM_STAGES):
+    """(shared memory bytes, float32 registers per thread) of one program, as modelled above."""
+    shared = block_m * head_dim * element_bytes + num_stages * 2 * tile_n * head_dim * element_bytes
+    registers = (block_m * head_dim + block_m * tile_n) // THREADS       # acc and scores, 4 bytes each
+    return shared, registers
+
+
+def programs_per_sm(block_m, tile_n, gpu):
+    shared, registers = program_budget(block_m, tile_n)
+    limits = GPU_LIMITS[gpu]
+    if shared > limits["shared_per_block"] or registers > MAX_REGISTERS_PER_THREAD:
+        return 0                                  # does not fit: no launch, or registers spill to memory
+    return min(limits["shared_per_sm"] // shared, REGISTERS_PER_SM // (registers * THREADS))
+
+
+print(f"{'TILE_N':>6} {'shared KiB':>10} {'regs/thread':>11} {'programs/SM A100':>17} {'H100':>5}")
+budget = {}
+for tile_n in (16, 32, 64, 128, 256):
+    shared, registers = program_budget(64, tile_n)
+    budget[tile_n] = (shared, registers, programs_per_sm(64, tile_n, "A100"), programs_per_sm(64, tile_n, "H100"))
+    print(f"{tile_n:>6} {shared / KIB:>10.0f} {registers:>11} {budget[tile_n][2]:>17} {budget[tile_n][3]:>5}")
+assert budget[256][0] > GPU_LIMITS["H100"]["shared_per_block"]          # tied to a 256-block: does not fit
+assert budget[32][3] >= 3 and budget[16][3] >= 5
+
+# %% [markdown]
+# A key tile tied to a 256-slot block needs 400 KiB of shared memory: more than an H100
+# gives one block (227 KB), and its accumulator and scores alone take 192 of a thread's
+# 255 registers before any address or loop variable. At 16 or 32 keys the program needs
+# 40-64 KiB and 72-80 registers a thread, so an H100 SM holds 3 to 5 programs at once: while
+# one waits for its K and V tiles from HBM, another computes. Hence the engine's kernel
+# keeps `TILE_N` (default 32) apart from the block size.
+#
+# What does a smaller tile cost? Each iteration rescales the accumulator once
+# (`acc * alpha`, `BLOCK_M x D` multiplies) against `2 x BLOCK_M x TILE_N x D` multiply-adds
+# for the two dots: 3% extra at 16 keys, 1.6% at 32. And it buys precision in skipping: a
+# query tile's last key tile is loaded whole, so a finer tile wastes fewer keys past the
+# diagonal and past the sequence's end.
+#
+# **vLLM picks 16 or 32.** Its unified kernel (`vllm/v1/attention/ops/triton_unified_attention.py`,
+# `_get_tile_size`, vLLM main at commit 0013943, read in 2026) uses `TILE_SIZE = 32` for
+# prefill (and for Gemma 3's shapes) and, for decode, 16 when a query element is 2 bytes
+# or more and 32 when it is one byte (fp8); it looks up each key's block from the block
+# table (`seq_offset // BLOCK_SIZE`) just as here, so the tile is free of the block size
+# (its Triton backend takes any multiple of 16: `get_supported_kernel_block_sizes` in
+# `vllm/v1/attention/backends/triton_attn.py`, commit 001ceb3). Its code does not say why
+# 16 or 32; the budget above is one reason (its programs carry a 16-row Q tile,
+# `BLOCK_M = 16` when `G <= 16`, and many of them must be resident to keep HBM busy).
+#
+# ## 5. Running a GPU kernel on a laptop, and its traps
 #
 # Triton's interpreter runs a kernel on CPU tensors with numpy, program by program. Three
 # traps, each handled in `kernels/triton_attention.py` and tested:
@@ -279,10 +376,12 @@ if RUN_KERNEL and ta.INTERPRETED:
 # the same 1e-5 tolerance holds in the interpreter and on a GPU (`make gpu-check` runs the
 # tests there); a float32 model that wants speed over exactness would pass "tf32".
 #
-# ## 5. The engine with `backend="triton"`
+# ## 6. The engine with `backend="triton"`
 #
 # `LLMEngine(model, sched, backend="triton")` sends every layer's attention through the
-# kernel: one launch per layer per step (a test counts them). Greedy tokens on the `tiny`
+# kernel: one launch per layer per step (a test counts them). It is opt-in: the default
+# on a GPU is flash-attn where it imports (16-bit dtypes, blocks of 256) and torch's sdpa
+# otherwise, until `make gpu-check` has passed on a GPU (README, GPU notes). Greedy tokens on the `tiny`
 # model equal the reference backend's, with chunks that start mid-block, decodes running
 # alongside a chunk, and a shared prefix served from the prefix cache (the tests also
 # check SmolLM2-135M):
@@ -309,7 +408,7 @@ if RUN_KERNEL:
     assert triton_tokens == reference_tokens
 
 # %% [markdown] slideshow={"slide_type": "slide"}
-# ## 6. A decode is one query row in a tile built for many
+# ## 7. A decode is one query row in a tile built for many
 #
 # The plan of section 3 gave the decode a tile of its own. How full is it? With `G` query
 # heads per KV head a decode fills `G` rows; the tile has `BLOCK_M`. The engine uses 64 rows
@@ -326,8 +425,12 @@ for block_m in (16, 64):
 assert group == 4
 
 # %% [markdown]
-# The tile is loaded from HBM whole; a decode uses a sixteenth or a quarter of the
-# multiply-adds the tensor cores run on it. Worse, a decode's work is all memory traffic:
+# The padding rows cost no memory traffic: the Q load is masked (`mask=row_valid`), so
+# only the decode's `G` rows are read from HBM, and its K and V tiles are read once for
+# all of them. What the padding wastes is arithmetic and on-chip space: `tl.dot` runs on
+# all `BLOCK_M` rows, so a decode uses a sixteenth (or a quarter, at `BLOCK_M = 16`) of
+# the multiply-adds the tensor cores run for it, and the accumulator holds `BLOCK_M x D`
+# floats in registers for `G` useful rows. Worse, a decode's work is all memory traffic:
 # its one row reads the request's whole cached K and V and does little with each byte.
 # Chapter 5's accounting gives the FLOPs and bytes of attention (scores and values) for
 # one request; their ratio is the **arithmetic intensity** (FLOPs per byte), and a GPU is
@@ -370,7 +473,119 @@ assert decode_intensity < 10 < ridge < intensity["chunk of 512 over 4096"]
 # decodes' attention waits on memory while the chunks' attention waits on the tensor
 # cores, in the same launch.
 #
-# ## 7. What the engines do about it
+# ## 8. Too few programs: split-KV
+#
+# A step of a few long decodes has a different problem: not wasted rows, too few
+# programs. Each decode is one query tile, so the grid is (decodes x KV heads): 4 decodes
+# of Llama-3-8B (8 KV heads) make 32 programs, each walking 4096 keys alone, on an H100 of
+# 132 SMs. **FlashDecoding** (Tri Dao, Daniel Haziza, Francisco Massa and Grigory Sizov,
+# "Flash-Decoding for long-context inference", October 2023) splits each sequence's keys
+# into chunks, attends to each chunk in parallel (writing one log-sum-exp per row and
+# chunk besides the partial output), then reduces: chapter 1's merge, across programs.
+#
+# The engine does the same. The grid gains a third axis, the segment; a program walks
+# only its segment's key tiles and writes its unnormalised `(m, l, acc)` to scratch; a
+# second kernel merges each row's segments. The rule (`plan_segments`): split only a
+# decode-only step whose programs are fewer than the GPU's SMs, into
+# `ceil(SMs / programs)` segments, so the grid covers every SM once, but no more segments
+# than the longest sequence has 256-key stretches (a judgement, not a measurement: a
+# shorter segment would spend more on the merge than it saves; `make gpu-check` times
+# split-KV on and off) and at most 64:
+
+# %%
+show_source(ta.plan_segments)
+
+# %% slideshow={"slide_type": "subslide"}
+num_sms = PROFILES["H100-SXM"].num_sms
+llama_kv_heads = minillm.ModelConfig.preset("llama-3-8b").num_kv_heads
+
+
+def programs(query_lens, cached_lens, block_m=ta.BLOCK_M_GPU, group=4, num_kv_heads=llama_kv_heads, **split):
+    """(programs without a split, programs with the rule's split, segments) of one step on an H100."""
+    query_tiles = len(ta.plan_tiles(query_lens, group, block_m)[0])
+    before = query_tiles * num_kv_heads
+    segments, _ = ta.plan_segments(query_lens, cached_lens, num_kv_heads, ta.TILE_N_DEFAULT,
+                                   num_programs=before, num_sms=num_sms, **split)
+    return before, before * segments, segments
+
+
+steps = {"4 decodes over 4096": ([1] * 4, [4095] * 4), "8 decodes over 4096": ([1] * 8, [4095] * 8),
+         "16 decodes over 1024": ([1] * 16, [1023] * 16), "64 decodes over 4096": ([1] * 64, [4095] * 64),
+         "a 512-chunk + 32 decodes": ([512] + [1] * 32, [4096] + [2000] * 32)}
+counts = {name: programs(*step) for name, step in steps.items()}
+fig, ax = plt.subplots(figsize=(7, 2.8))
+x = torch.arange(len(counts)).float()
+ax.bar(x - 0.2, [c[0] for c in counts.values()], 0.4, label="one program per (query tile, KV head)")
+ax.bar(x + 0.2, [c[1] for c in counts.values()], 0.4, label="with split-KV (the rule)")
+ax.axhline(num_sms, color="k", ls="--", label=f"H100 SXM: {num_sms} SMs")
+ax.set(xticks=x.tolist(), xticklabels=[n.replace(" over", "\nover").replace(" + ", "\n+ ") for n in counts],
+       yscale="log", ylabel="programs in the grid", title="Split-KV fills the SMs a few long decodes leave idle")
+ax.tick_params(axis="x", labelsize=7)
+ax.legend(fontsize=7)
+plt.show()
+for name, (before, after, segments) in counts.items():
+    print(f"{name:26s} {before:4d} programs ({before / num_sms:4.0%} of the SMs) -> {after:4d} "
+          f"({segments} segment{'s' if segments > 1 else ''})")
+merge_programs = 4 * minillm.ModelConfig.preset("llama-3-8b").num_heads          # 4 rows x 32 query heads
+print(f"the merge of the 4 decodes' segments: a second launch of {merge_programs} programs")
+assert counts["4 decodes over 4096"] == (32, 160, 5)
+assert counts["64 decodes over 4096"][2] == 1 and counts["a 512-chunk + 32 decodes"][2] == 1
+
+# %% [markdown]
+# Four decodes fill a quarter of the H100's SMs; split into 5 segments they make 160
+# programs, more than one per SM. (A grid a little over the SM count leaves a partial
+# second wave; on a GPU, where several programs fit an SM at once (section 4), the 160
+# programs are resident together.) The merge is a second launch of `rows x heads`
+# programs (the 128 printed above), each reading its row's 5 partial states: cheap next to 4096 keys.
+# Sixty-four decodes already give 512 programs, and a step with a chunk has its chunk's
+# query tiles: neither splits. The merge, one program per (row, query head):
+
+# %%
+show_source(ta._merge_segments_program)
+
+# %% [markdown]
+# A segment that holds no key of its row (a short sequence's last segments; on a chunk's
+# diagonal, rows before the segment's keys) keeps `m = -inf` and `l = 0`: its weight
+# `exp(m - M)` is 0, and the tile loop guards `exp(-inf - (-inf))` by subtracting 0 for a
+# row that has seen no key. Here are two decodes over 700 and 520 tokens (4 programs, as
+# many KV heads; the rule picks 2 segments), and one with a segment size fixed at 64
+# tokens, whose segments end mid-block (blocks of 48) and whose short sequence leaves
+# segments empty:
+
+# %%
+for label, (cached, block_size, split) in {"the rule": ([699, 519], 16, {}),
+                                          "kv_split_size=64": ([699, 30], 48, dict(kv_split_size=64))}.items():
+    q, k_cache, v_cache, batch = mixed_step([1, 1], cached, block_size=block_size, num_heads=4)
+    segments, per_segment = ta.plan_segments([1, 1], cached, 2, ta.TILE_N_DEFAULT, num_programs=4,
+                                             num_sms=ta.INTERPRETER_NUM_SMS, **split)
+    line = f"{label:17s}: {segments} segments of {per_segment} key tiles (of {ta.TILE_N_DEFAULT} keys) per request"
+    if RUN_KERNEL:
+        out = ta.triton_paged_attention(q.to(DEVICE), k_cache.to(DEVICE), v_cache.to(DEVICE), batch, **split).cpu()
+        error = (out - reference_of(q, k_cache, v_cache, batch)).abs().max().item()
+        line += f"; split and merged vs reference backend: max |error| = {error:.1e}"
+        assert error < 1e-5
+    print(line)
+
+# %% [markdown]
+# `kv_split_size` is for a caller who needs a row's arithmetic to depend on nothing but
+# the row: a segment count picked from the step changes with the step's other requests,
+# a fixed size in tokens does not (chapter 11's batch invariance; vLLM instead turns its
+# split off in batch-invariant mode: `is_batch_invariant` is one of the conditions in
+# `unified_attention`'s `use_3d`).
+#
+# **vLLM's 3D grid.** The same file (commit 0013943) launches `kernel_unified_attention`
+# with a 2D grid `(q blocks, KV heads)`, or, when `max_seqlen_q` is 1 and the batch has at
+# most `seq_threshold_3D` sequences (and batch invariance is off), a 3D grid
+# `(q blocks, KV heads, num_par_softmax_segments)`: each program walks
+# `tiles_per_segment = cdiv(seq_len, NUM_SEGMENTS_PER_SEQ * TILE_SIZE)` tiles and stores
+# its segment's output, max and sum of exponentials (`segm_output`, `segm_max`,
+# `segm_expsum`); `reduce_segments` then rescales each segment by
+# `exp(segm_max - overall_max)` and divides by the total, one program per (token, query
+# head). The threshold and the segment count are parameters of `unified_attention`,
+# chosen by its caller; the engine here picks them from the step and the SM count, by the
+# rule above.
+#
+# ## 9. What the engines do about it
 #
 # * **vLLM, one unified Triton kernel** (`vllm/v1/attention/ops/triton_unified_attention.py`,
 #   commit 0013943): one launch for the whole mixed batch, grid (query tiles, KV heads),
@@ -394,13 +609,18 @@ assert decode_intensity < 10 < ridge < intensity["chunk of 512 over 4096"]
 #   block table with no causal mask, then the new tokens against themselves with it; with
 #   `SKIP_DECODE` a program whose request brings a single token returns at once, leaving
 #   decodes to another kernel.
-# * **FlashInfer** keeps decode and prefill apart: `BatchDecodeWithPagedKVCacheWrapper`
-#   and `BatchPrefillWithPagedKVCacheWrapper` (its API reference, docs.flashinfer.ai,
-#   `flashinfer.decode` and `flashinfer.prefill`, read in 2026).
-#   vLLM's FlashInfer backend (`vllm/v1/attention/backends/flashinfer.py`, commit 00a817a)
-#   puts decodes at the front of the batch and prefills at the back and runs the prefill
-#   wrapper on one part and the decode wrapper on the other: two launches per layer for a
-#   mixed step, each specialized for its shape.
+# * **FlashInfer** has separate decode and prefill wrappers,
+#   `BatchDecodeWithPagedKVCacheWrapper` and `BatchPrefillWithPagedKVCacheWrapper` (its API
+#   reference, docs.flashinfer.ai, `flashinfer.decode` and `flashinfer.prefill`, read in
+#   2026), and vLLM's FlashInfer backend (`vllm/v1/attention/backends/flashinfer.py`,
+#   commit 00a817a) puts decodes at the front of the batch and prefills at the back and
+#   runs the prefill wrapper on one part and the decode wrapper on the other: two launches
+#   per layer for a mixed step, each specialized for its shape. FlashInfer also ships
+#   `PODWithPagedKVCacheWrapper` and `BatchPODWithPagedKVCacheWrapper` (`flashinfer.pod`:
+#   "POD (Prefill-On-Decode) attention executes a single-request prefill kernel and a
+#   batch-decode kernel concurrently in one launch", docs.flashinfer.ai/api/pod.html, read
+#   in 2026; `flashinfer/pod.py` at commit 00216e8 cites POD-Attention, arXiv 2410.18038):
+#   prefill and decode in one launch, each part with its own kernel.
 # * **POD-Attention** (Kamath et al., ASPLOS'25) computes the prefill and the decode
 #   attention of a hybrid batch in one kernel that places both kinds of work on the same
 #   multiprocessors at once, so the memory-bound decodes and the compute-bound prefill use
@@ -410,24 +630,31 @@ assert decode_intensity < 10 < ridge < intensity["chunk of 512 over 4096"]
 #
 # The engine's kernel is the unified design, made readable; nothing in this chapter
 # measures a GPU. `make gpu-check` times it on a CUDA machine against flash-attn's varlen
-# kernel and the sdpa split path, per layer of Llama-3-8B, and writes the numbers to
-# `gpu-results/triton-bench.txt`.
+# kernel and the sdpa split path, per layer of Llama-3-8B, with each key tile (16, 32, 64)
+# and with split-KV off, and writes the numbers to `gpu-results/triton-bench.txt`; its
+# dry run (`bash tools/gpu_check.sh --dry-run DIR`) takes the same stages on a CPU and is
+# part of the test suite.
 #
 # ## Takeaways
 #
 # * A GPU attention kernel is chapter 1's split at tile grain: key tiles before a query
 #   tile's first row need no mask, tiles across the diagonal need `key <= query`, tiles
 #   past it are never loaded.
+# * The key tile is a budget choice, not the block size: 16 or 32 keys keep a program's
+#   K, V and score tiles small enough for several programs per SM; each key's block comes
+#   from the block table.
 # * The online softmax (running max, sum and rescaled accumulator) is the log-sum-exp merge
-#   applied tile by tile, in float32.
+#   applied tile by tile, in float32; split-KV applies the same merge across programs,
+#   when a few long decodes would leave most SMs idle.
 # * One launch serves a whole packed step: a decode is one query row (`G` rows with GQA) in
-#   a tile of 16 to 64, and its attention is memory-bound (~4 FLOP/byte) while a long
-#   chunk's is compute-bound.
-# * vLLM runs one unified kernel; FlashInfer two specialized ones; POD-Attention runs both
-#   kinds side by side on the same multiprocessors.
+#   a tile of 16 to 64 (its padding costs multiply-adds and registers, not HBM reads), and
+#   its attention is memory-bound (~4 FLOP/byte) while a long chunk's is compute-bound.
+# * vLLM runs one unified kernel (3D for few decodes); FlashInfer specialized ones, and POD
+#   wrappers that run a prefill and decodes in one launch, after POD-Attention.
 # * Triton's interpreter runs the kernel on a laptop: set `TRITON_INTERPRET=1` before
 #   importing triton, cast bfloat16 before `tl.dot`, mask every load.
 #
-# **Exercises:** `exercises/09_the_mixed_step_on_a_gpu.ipynb`: the online-softmax update of
-# one tile, the tiles a whole step visits, and the arithmetic intensity of a request's
-# attention.
+# **Exercises:** `exercises/09_the_mixed_step_on_a_gpu.ipynb`: a tile's mask, a broken
+# Triton kernel to repair, the tiles of a sliding-window step, the arithmetic intensity of
+# a request's attention, a split-KV merge kernel to write, and a launch to predict before
+# the interpreter counts it.

@@ -1,35 +1,45 @@
 # %% [markdown]
 # # Exercises 9: the mixed step on a GPU
 #
-# Four functions from chapter 9, in plain torch (no GPU, no triton needed): the mask of
-# one key tile, the online-softmax update a program does per tile, the tiles a whole
-# packed step visits, and the arithmetic intensity of one request's attention. Each
-# checker compares your function with a brute-force reference or with the engine's
-# accounting on fresh random cases (and switches off the engine's helpers while yours
-# runs). Fill in the bodies where it says `raise NotImplementedError`.
+# Six tasks on chapter 9's kernel. Two are Triton: you repair a broken attention kernel
+# and write the merge of a split-KV decode, and both run here in Triton's interpreter (on
+# CPU tensors, GPU or not). The others ask for the tile arithmetic of a case the chapter
+# did not show (a sliding window), an intensity counted from the model's shapes, and a
+# prediction of a launch that the interpreter then counts. Each checker runs your code on
+# fresh cases against the engine (its reference attention, its merge, its accounting, its
+# kernel) and names the usual mistakes; the engine's own answers are switched off while
+# yours runs. Fill in the bodies where it says `raise NotImplementedError`.
 
 # %%
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")   # before triton is imported: the interpreter, on CPU tensors
+
 import torch
+import triton
+import triton.language as tl
 
 import minillm.grading as ex
 from minillm import ModelConfig
+from minillm.attention import reference_attention
 
 # %% [markdown]
 # ## 1. The mask of one tile
 #
 # A program holds rows `[first_row, first_row + num_rows)` of a request's new tokens; the
-# request has `cached_len` tokens in the cache and `query_len` new ones. Return the
+# request has `cached_len` tokens in the cache and `query_len` new ones, and the program
+# may hold rows past `query_len` (the last tile of a chunk is partly empty). Return the
 # `[num_rows, block_size]` bool mask of key tile `tile` (keys
-# `[tile * block_size, (tile + 1) * block_size)`): True where the row may see the key. A
-# row sees keys at or before its own position; slots past the sequence's end hold
-# nothing (a real row never sees them anyway: why?); rows past `query_len` (the tile's
-# padding) see nothing.
+# `[tile * block_size, (tile + 1) * block_size)`): True exactly where that row's query
+# may see that key. A slot past the end of the sequence holds no key, and a row past
+# `query_len` holds no query.
 #
 # <details><summary>Hint</summary>
 #
-# Where does new row `r` sit in the sequence? Build the query positions and the key
-# positions as two `arange`s and compare them with broadcasting, then AND in the two
-# bounds.
+# Take one entry, row `r` and slot `k` of the tile: which absolute position does each
+# stand for? Then list every condition under which the answer is True (there are three).
+# Check your mask by hand on a decode (one real row, the rest padding) and on a chunk that
+# starts in the middle of a block.
 #
 # </details>
 
@@ -48,66 +58,162 @@ def tile_mask(cached_len, query_len, first_row, num_rows, tile, block_size):
 ex.check_tile_mask(tile_mask)  # points: 1
 
 # %% [markdown]
-# ## 2. The online-softmax update of one key tile
+# ## 2. Debug: a kernel that returns wrong rows
 #
-# A program keeps, per row, the running maximum `m` of the scores seen so far, the sum
-# `l` of `exp(score - m)` and the accumulator `acc` of `exp(score - m) * v`. Given the
-# scores of the next key tile (`[R, K]`, `-inf` where masked) and its values (`[K, D]`),
-# return the new `(m, l, acc)`. The caller starts from `m = -inf`, `l = 0`, `acc = 0`
-# and divides `acc / l` after the last tile; the scores can be large (up to ~120), so
-# never take `exp` of a raw score.
-#
+# `chunk_kernel` below is chapter 9's program cut down to one request and one head, with
+# no paging: `num_new` queries at positions `[cached_len, cached_len + num_new)` attend to
+# keys `[0, cached_len + num_new)`. `q` and `out` are `[num_new, HEAD_DIM]`, `k` and `v`
+# `[cached_len + num_new, HEAD_DIM]`, all float32 and contiguous; program `i` of the grid
+# `(ceil(num_new / BLOCK_M),)` holds query rows `[i * BLOCK_M, (i + 1) * BLOCK_M)`, walks
+# the keys `TILE_N` at a time, masks only the tiles on its diagonal and skips those past
+# it, with an online softmax. It is wrong: the cell after it compares it with the
+# engine's reference attention. Find every bug (there is more than one), and hand in the
+# repaired kernel as `fixed_chunk_kernel`, with the same arguments. The checker launches
+# it in the interpreter on chunks that start mid-tile, decodes and whole prompts, with
+# several tile sizes, against `reference_attention`, and counts the key tiles it visits.
+
+# %%
+@triton.jit
+def chunk_kernel(q_ptr, k_ptr, v_ptr, out_ptr, cached_len, num_new, scale,
+                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, TILE_N: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM)
+    row_valid = rows < num_new
+    q = tl.load(q_ptr + rows[:, None] * HEAD_DIM + dims[None, :], mask=row_valid[:, None], other=0.0)
+    query_pos = cached_len + rows
+    seq_len = cached_len + num_new
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    first_pos = cached_len + tl.program_id(0) * BLOCK_M
+    last_pos = tl.minimum(first_pos + BLOCK_M, seq_len) - 1
+    num_unmasked = (first_pos + TILE_N) // TILE_N
+    num_tiles = (last_pos + 1) // TILE_N
+    for j in range(0, num_tiles):
+        keys = j * TILE_N + tl.arange(0, TILE_N)
+        key_valid = keys < seq_len
+        k = tl.load(k_ptr + keys[:, None] * HEAD_DIM + dims[None, :], mask=key_valid[:, None], other=0.0)
+        v = tl.load(v_ptr + keys[:, None] * HEAD_DIM + dims[None, :], mask=key_valid[:, None], other=0.0)
+        scores = tl.dot(q, tl.trans(k)) * scale
+        if j >= num_unmasked:
+            scores = tl.where((keys[None, :] <= query_pos[:, None]) & key_valid[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, 1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(scores - m_new[:, None])
+        l = l + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p, v)
+        m = m_new
+    tl.store(out_ptr + rows[:, None] * HEAD_DIM + dims[None, :], acc / l[:, None], mask=row_valid[:, None])
+
+
+# %%
+def run_chunk_kernel(kernel, cached_len, num_new, head_dim=16, block_m=16, tile_n=16, seed=0):
+    """Launch `kernel` on a random chunk; returns (its output, the reference attention's)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(num_new, head_dim, generator=g) * 2
+    k, v = torch.randn(2, cached_len + num_new, head_dim, generator=g)
+    out = torch.zeros(num_new, head_dim)
+    kernel[(triton.cdiv(num_new, block_m),)](q, k, v, out, cached_len, num_new, head_dim ** -0.5,
+                                             HEAD_DIM=head_dim, BLOCK_M=block_m, TILE_N=tile_n)
+    return out, reference_attention(q[:, None], k[:, None], v[:, None])[:, 0]
+
+
+got, expected = run_chunk_kernel(chunk_kernel, cached_len=13, num_new=37)
+wrong = ~torch.isclose(got, expected, atol=1e-4).all(dim=1)
+print(f"chunk_kernel on 37 new tokens over 13 cached: {int(wrong.sum())} of 37 rows wrong "
+      f"(max |error| {(got - expected).abs().nan_to_num(float('inf')).max():.3g}); right: "
+      f"{(~wrong).nonzero().flatten().tolist()}")
+
+# %% [markdown]
 # <details><summary>Hint</summary>
 #
-# When the maximum grows from `m` to `m_new`, everything summed so far was weighted by
-# `exp(score - m)` and must now be weighted by `exp(score - m_new)`: what single factor
-# turns one into the other? Apply it to both `l` and `acc`.
+# Shrink the case until one row is wrong: a chunk that fits one query tile, then one key
+# tile, then a row whose keys sit in two tiles. For each loop bound, ask which tiles it
+# should let through for the tile's first and last rows, and test the bound on a tile that
+# ends exactly at a row and on one that ends past it. For the softmax, write out what `l`
+# must hold after two tiles when the second raises the maximum.
 #
 # </details>
 
 # %%
-def online_softmax_update(m, l, acc, scores, v):
+@triton.jit
+def fixed_chunk_kernel(q_ptr, k_ptr, v_ptr, out_ptr, cached_len, num_new, scale,
+                       HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, TILE_N: tl.constexpr):
     ### BEGIN SOLUTION
-    m_new = torch.maximum(m, scores.max(dim=1).values)
-    alpha = torch.exp(m - m_new)
-    p = torch.exp(scores - m_new[:, None])
-    return m_new, l * alpha + p.sum(dim=1), acc * alpha[:, None] + p @ v
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM)
+    row_valid = rows < num_new
+    q = tl.load(q_ptr + rows[:, None] * HEAD_DIM + dims[None, :], mask=row_valid[:, None], other=0.0)
+    query_pos = cached_len + rows
+    seq_len = cached_len + num_new
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    first_pos = cached_len + tl.program_id(0) * BLOCK_M
+    last_pos = tl.minimum(first_pos + BLOCK_M, seq_len) - 1
+    num_unmasked = (first_pos + 1) // TILE_N          # tiles whose LAST key is at or before the first row
+    num_tiles = last_pos // TILE_N + 1                # tiles whose FIRST key is at or before the last row
+    for j in range(0, num_tiles):
+        keys = j * TILE_N + tl.arange(0, TILE_N)
+        key_valid = keys < seq_len
+        k = tl.load(k_ptr + keys[:, None] * HEAD_DIM + dims[None, :], mask=key_valid[:, None], other=0.0)
+        v = tl.load(v_ptr + keys[:, None] * HEAD_DIM + dims[None, :], mask=key_valid[:, None], other=0.0)
+        scores = tl.dot(q, tl.trans(k)) * scale
+        if j >= num_unmasked:
+            scores = tl.where((keys[None, :] <= query_pos[:, None]) & key_valid[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, 1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(scores - m_new[:, None])
+        l = l * alpha + tl.sum(p, 1)                  # what was summed under the old max, rescaled
+        acc = acc * alpha[:, None] + tl.dot(p, v)
+        m = m_new
+    tl.store(out_ptr + rows[:, None] * HEAD_DIM + dims[None, :], acc / l[:, None], mask=row_valid[:, None])
     ### END SOLUTION
 
 
 # %%
-ex.check_online_softmax_update(online_softmax_update)  # points: 2
+ex.check_fixed_chunk_kernel(fixed_chunk_kernel)  # points: 3
 
 # %% [markdown]
-# ## 3. The tiles of a whole packed step
+# ## 3. The tiles of a sliding-window step
 #
-# The engine's kernel gives each request `ceil(query_len / rows_per_tile)` query tiles
-# and walks, for each, the request's key tiles (one cache block each,
-# `ceil((cached_len + query_len) / block_size)` of them). Count the (query tile, key tile)
-# pairs of a whole step by kind: **unmasked** (every row of the query tile sees every slot
-# of the key tile), **masked** (some but not all), **skipped** (none). Return
-# `(unmasked, masked, skipped)`. Chapter 9 drew these for one chunk; this time do it for
-# a packed step, with the arithmetic, not by building masks.
+# Mistral-style models attend over a **sliding window**: the query at position `p` sees
+# only the last `window` keys, its own included. vLLM's unified kernel takes the window as
+# `SLIDING_WINDOW` and bounds its tile loop with it, so tiles wholly before a query tile's
+# window are skipped like those past its diagonal. For a packed step (each request's new
+# rows cut into query tiles of `rows_per_tile`, its keys into tiles of `tile_n`), count
+# the (query tile, key tile) pairs by kind: **unmasked** (every row of the query tile sees
+# every slot of the key tile), **masked** (some, not all) and **skipped** (none). Each
+# request has `ceil((cached + new) / tile_n)` key tiles; a slot past the sequence's end is
+# seen by nobody. Return `(unmasked, masked, skipped)`, with arithmetic on positions, not
+# by building masks: the checker also asks about a 100,000-token prompt.
 #
 # <details><summary>Hint</summary>
 #
-# For a query tile, only two positions matter: its first row's and its last row's. Which
-# key tiles end at or before the first? Which start after the last? And the partly filled
-# last block of a sequence: can every row see every one of its slots?
+# Chapter 9's staircase had two edges; the window adds a third, and it moves with the row.
+# For a query tile, which of its rows decides each edge: whose window starts latest, whose
+# diagonal ends earliest? Check your count on a window longer than every sequence (you
+# know that answer from the chapter) and on a window of one key.
 #
 # </details>
 
 # %%
-def count_tiles(query_lens, cached_lens, block_size, rows_per_tile):
+def count_window_tiles(query_lens, cached_lens, tile_n, rows_per_tile, window):
     ### BEGIN SOLUTION
     unmasked = masked = skipped = 0
     for n, c in zip(query_lens, cached_lens):
-        num_key_tiles = -(-(c + n) // block_size)
+        seq_len = c + n
+        num_key_tiles = -(-seq_len // tile_n)
         for first in range(0, n, rows_per_tile):
-            first_pos = c + first
-            last_pos = c + min(first + rows_per_tile, n) - 1
-            full = (first_pos + 1) // block_size          # tiles whose last slot <= first_pos
-            seen = last_pos // block_size + 1             # tiles whose first slot <= last_pos
+            p0, p1 = c + first, c + min(first + rows_per_tile, n) - 1   # first and last row's positions
+            # Seen by some row: a key k is seen by rows [k, k + window - 1].
+            lo_tile = max(0, p0 - window + 1) // tile_n               # first tile holding a key row p0 sees
+            hi_tile = p1 // tile_n                                     # last tile holding a key row p1 sees
+            seen = hi_tile - lo_tile + 1
+            # Seen whole by every row: last key <= p0, first key > p1 - window, no slot past the end.
+            first_full = -(-(p1 - window + 1) // tile_n) if p1 - window + 1 > 0 else 0
+            last_full = (p0 + 1) // tile_n - 1
+            full = max(0, last_full - first_full + 1)
             unmasked += full
             masked += seen - full
             skipped += num_key_tiles - seen
@@ -116,26 +222,26 @@ def count_tiles(query_lens, cached_lens, block_size, rows_per_tile):
 
 
 # %%
-ex.check_count_tiles(count_tiles)  # points: 2
+ex.check_count_window_tiles(count_window_tiles)  # points: 2
 
 # %% [markdown]
 # ## 4. Arithmetic intensity of one request's attention
 #
-# Count one request's attention (scores `Q K^T` and values `P V`) in one layer as
-# chapter 5's accounting does, and return FLOPs per byte. The request brings `num_new`
-# tokens over `num_cached` cached ones:
-#
-# * FLOPs: every (query, key) pair the causal mask allows, for every query head, costs
-#   `2 * head_dim` for its score and as much again for its share of the values.
-# * Bytes (`dtype_bytes` per element): the cached K and V are read, the new tokens' K and
-#   V are written, Q is read and the output written.
-#
-# For a decode of Llama-3-8B over 4096 tokens in bf16 the answer is about 4.
+# Chapter 9 read the arithmetic intensity of one request's attention (its scores and its
+# values, one layer) off chapter 5's accounting. Derive it from the model's shapes:
+# `attention_intensity(cfg, num_new, num_cached, dtype_bytes)` returns FLOPs per byte for
+# a request bringing `num_new` tokens over `num_cached` cached ones, counted as the
+# accounting counts attention (chapter 5 says what it counts and why). Decide which
+# (query, key) pairs do work, what each costs, and which tensors cross HBM. The checker
+# compares with the accounting on decodes and chunks of several models, MHA and GQA, and
+# 1- to 4-byte dtypes; the accounting is switched off while your function runs.
 #
 # <details><summary>Hint</summary>
 #
-# The pairs of a chunk are `num_new * num_cached` plus a triangle. K and V have
-# `num_kv_heads` heads; Q and the output have `num_heads`. The number of layers cancels.
+# Start from a decode of a model with one KV head and work up: how many keys does the one
+# query see, how many multiply-adds per key and head, and how many elements of K, V, Q
+# and output move? Then ask what grouped-query attention changes in each count, and what
+# a chunk's causal mask changes. The number of layers cancels.
 #
 # </details>
 
@@ -151,4 +257,97 @@ def attention_intensity(cfg: ModelConfig, num_new, num_cached, dtype_bytes):
 
 
 # %%
-ex.check_attention_intensity(attention_intensity)  # points: 3
+ex.check_attention_intensity(attention_intensity)  # points: 2
+
+# %% [markdown]
+# ## 5. The split-KV merge, in Triton
+#
+# A split decode leaves, for each row (one query head of one decode), the result of each
+# segment of its keys computed apart: the segment's softmax-normalised output `o_s`
+# (`HEAD_DIM` floats) and the log-sum-exp `lse_s` of its scores. Write the kernel that
+# merges them into the row's attention over all its keys. The layout differs from the
+# engine's: `seg_out` is `[rows, MAX_SEGMENTS, HEAD_DIM]`, `seg_lse` `[rows, MAX_SEGMENTS]`
+# (float32, contiguous), `out` `[rows, HEAD_DIM]`; one program per row, grid `(rows,)`.
+# Only the first `num_segments` segments of a row are real (`MAX_SEGMENTS` is a power of
+# two, what lies past them is garbage); a real segment that held no key has
+# `lse_s = -inf` and an undefined output. Log-sum-exps reach a few hundred.
+#
+# <details><summary>Hint</summary>
+#
+# Chapter 1 merged two parts; here there are up to `MAX_SEGMENTS`, in one program. What
+# share of the row's softmax does segment `s` hold, and how do you compute it without
+# `exp` overflowing float32 (it does past 88)? Then: what must an empty segment contribute,
+# and what does `0 * nan` give?
+#
+# </details>
+
+# %%
+@triton.jit
+def merge_kernel(seg_out_ptr, seg_lse_ptr, out_ptr, num_segments,
+                 HEAD_DIM: tl.constexpr, MAX_SEGMENTS: tl.constexpr):
+    ### BEGIN SOLUTION
+    row = tl.program_id(0)
+    segments = tl.arange(0, MAX_SEGMENTS)
+    dims = tl.arange(0, HEAD_DIM)
+    real = segments < num_segments
+    lse = tl.load(seg_lse_ptr + row * MAX_SEGMENTS + segments, mask=real, other=float("-inf"))
+    top = tl.max(lse, 0)
+    weight = tl.where(lse > float("-inf"), tl.exp(lse - top), 0.0)     # each segment's share, unnormalised
+    has_keys = weight > 0.0
+    o = tl.load(seg_out_ptr + (row * MAX_SEGMENTS + segments)[:, None] * HEAD_DIM + dims[None, :],
+                mask=has_keys[:, None], other=0.0)
+    tl.store(out_ptr + row * HEAD_DIM + dims, tl.sum(o * weight[:, None], 0) / tl.sum(weight, 0))
+    ### END SOLUTION
+
+
+# %%
+ex.check_merge_kernel(merge_kernel)  # points: 3
+
+# %% [markdown]
+# ## 6. Predict, then count: a launch
+#
+# Before the engine's kernel runs a step, say what it will do. For a step
+# (`query_lens`, `cached_lens`), a model with `num_kv_heads` KV heads each shared by
+# `group` query heads, query tiles of `block_m` rows, key tiles of `tile_n` keys and
+# `num_kv_splits` segments per sequence (1: no split; given, not picked by the rule),
+# `predicted_launch(...)` returns `(programs, tile_visits)`: how many programs the attention
+# kernel's grid holds, and how many times, summed over all of them, a program runs one key
+# tile (each run is two `tl.dot`s). Reason it out from chapter 9 and write the reason in a
+# comment; then the check cell **measures**: it runs `triton_paged_attention` on such a
+# step in the interpreter, reads the grid and counts the interpreter's `tl.dot` calls. The
+# count must be exact. The engine's planners are switched off while your function runs.
+#
+# <details><summary>Hint</summary>
+#
+# Grouped-query attention folds heads into a tile's rows: how many of a request's
+# positions fit one query tile? A segment is a slice of the tiles a program would visit
+# anyway: does splitting change the total of tile runs, or only how many programs share
+# them? Check yourself on a single decode, then on a chunk that fills exactly one tile.
+#
+# </details>
+
+# %%
+def predicted_launch(query_lens, cached_lens, num_kv_heads, group, block_m, tile_n, num_kv_splits):
+    ### BEGIN SOLUTION
+    # A query tile holds block_m // group positions; each (query tile, KV head, segment) is a
+    # program. A program runs the tiles up to its last row's, cut to its segment: the
+    # segments of a query tile share those tiles, so splitting adds programs, not tile runs.
+    rows_per_tile = block_m // group
+    query_tiles = tile_runs = 0
+    for n, c in zip(query_lens, cached_lens):
+        for first in range(0, n, rows_per_tile):
+            last_pos = c + min(first + rows_per_tile, n) - 1
+            query_tiles += 1
+            tile_runs += last_pos // tile_n + 1
+    return query_tiles * num_kv_heads * num_kv_splits, tile_runs * num_kv_heads
+    ### END SOLUTION
+
+
+# %%
+ex.check_predicted_launch(predicted_launch)  # points: 2
+
+# %% [markdown]
+# Done: a tile's mask, the diagonal rule and the online softmax inside a real kernel, a
+# window's third edge, the bytes that make a decode memory-bound, the merge that lets a
+# few long decodes fill a GPU, and what a launch costs before it runs. Chapter 10 serves
+# the engine over HTTP and measures it from the client.

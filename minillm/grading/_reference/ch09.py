@@ -1,9 +1,13 @@
-"""Chapter 9's reference answers, written out from their definitions (brute force
-where the kernel uses arithmetic): tests/test_grading_ch09.py holds them equal to
-the engine (kernels.triton_attention.key_tiles, plan_tiles; accounting.step_cost)."""
+"""Chapter 9's reference answers (teacher only): the tile mask, the repaired chunk kernel,
+the sliding-window tile count by arithmetic, the intensity, the split-KV merge kernel and
+the predicted launch. tests/test_grading_ch09.py holds them equal to the engine (its
+masks, reference attention, merge, accounting and kernel) and passes them through the
+public checkers."""
 from __future__ import annotations
 
 import torch
+
+from ...kernels.triton_attention import tl, triton
 
 
 def tile_mask(cached_len: int, query_len: int, first_row: int, num_rows: int, tile: int,
@@ -16,30 +20,55 @@ def tile_mask(cached_len: int, query_len: int, first_row: int, num_rows: int, ti
     return (key_pos[None, :] <= query_pos[:, None]) & (key_pos[None, :] < seq_len) & row_valid[:, None]
 
 
-def online_softmax_update(m, l, acc, scores, v):
-    """One key tile: (m, l, acc) of R rows, scores [R, K] (-inf where masked), v [K, D]."""
-    m_new = torch.maximum(m, scores.max(dim=1).values)
-    alpha = torch.exp(m - m_new)
-    p = torch.exp(scores - m_new[:, None])
-    return m_new, l * alpha + p.sum(dim=1), acc * alpha[:, None] + p @ v
+def _fixed_chunk_kernel(q_ptr, k_ptr, v_ptr, out_ptr, cached_len, num_new, scale,
+                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, TILE_N: tl.constexpr):
+    """The handed-out kernel with its three bugs repaired (the comments say where)."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM)
+    row_valid = rows < num_new
+    q = tl.load(q_ptr + rows[:, None] * HEAD_DIM + dims[None, :], mask=row_valid[:, None], other=0.0)
+    query_pos = cached_len + rows
+    seq_len = cached_len + num_new
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    first_pos = cached_len + tl.program_id(0) * BLOCK_M
+    last_pos = tl.minimum(first_pos + BLOCK_M, seq_len) - 1
+    num_unmasked = (first_pos + 1) // TILE_N          # bug 1: (first_pos + TILE_N) // TILE_N unmasked the diagonal
+    num_tiles = last_pos // TILE_N + 1                # bug 2: (last_pos + 1) // TILE_N dropped a partial last tile
+    for j in range(0, num_tiles):
+        keys = j * TILE_N + tl.arange(0, TILE_N)
+        key_valid = keys < seq_len
+        k = tl.load(k_ptr + keys[:, None] * HEAD_DIM + dims[None, :], mask=key_valid[:, None], other=0.0)
+        v = tl.load(v_ptr + keys[:, None] * HEAD_DIM + dims[None, :], mask=key_valid[:, None], other=0.0)
+        scores = tl.dot(q, tl.trans(k)) * scale
+        if j >= num_unmasked:
+            scores = tl.where((keys[None, :] <= query_pos[:, None]) & key_valid[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, 1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(scores - m_new[:, None])
+        l = l * alpha + tl.sum(p, 1)                  # bug 3: l was not rescaled by alpha
+        acc = acc * alpha[:, None] + tl.dot(p, v)
+        m = m_new
+    tl.store(out_ptr + rows[:, None] * HEAD_DIM + dims[None, :], acc / l[:, None], mask=row_valid[:, None])
 
 
-def count_tiles(query_lens, cached_lens, block_size: int, rows_per_tile: int) -> tuple[int, int, int]:
-    """(unmasked, masked, skipped) (query tile, key tile) pairs of a step, by looking at each mask."""
+def count_window_tiles(query_lens, cached_lens, tile_n: int, rows_per_tile: int, window: int) -> tuple[int, int, int]:
+    """(unmasked, masked, skipped) under a sliding window of `window` keys, by arithmetic on positions:
+    a query tile's rows p0..p1 see key k iff p - window < k <= p. A key tile [k0, k1] is seen by some
+    row iff k0 <= p1 and k1 >= p0 - window + 1; by every row, every slot iff k1 <= p0 and
+    k0 >= p1 - window + 1 (k1 <= p0 also keeps it inside the sequence)."""
     unmasked = masked = skipped = 0
     for n, c in zip(query_lens, cached_lens):
-        num_key_tiles = -(-(c + n) // block_size)
+        num_key_tiles = -(-(c + n) // tile_n)
         for first in range(0, n, rows_per_tile):
-            rows = min(rows_per_tile, n - first)
-            for tile in range(num_key_tiles):
-                # A slot past the sequence's end must be masked too: a tile that holds one is not "unmasked".
-                seen = tile_mask(c, n, first, rows, tile, block_size)
-                if bool(seen.all()):
-                    unmasked += 1
-                elif bool(seen.any()):
-                    masked += 1
-                else:
-                    skipped += 1
+            p0, p1 = c + first, c + min(first + rows_per_tile, n) - 1
+            seen = p1 // tile_n - max(0, p0 - window + 1) // tile_n + 1
+            first_full = max(0, -(-(p1 - window + 1) // tile_n))
+            full = max(0, (p0 + 1) // tile_n - first_full)
+            unmasked += full
+            masked += seen - full
+            skipped += num_key_tiles - seen
     return unmasked, masked, skipped
 
 
@@ -53,3 +82,36 @@ def attention_intensity(cfg, num_new: int, num_cached: int, dtype_bytes: int) ->
     kv = cfg.num_kv_heads * cfg.head_dim
     traffic = (2 * num_cached * kv + 2 * num_new * kv + 2 * num_new * cfg.num_heads * cfg.head_dim) * dtype_bytes
     return flops / traffic
+
+
+def _merge_kernel(seg_out_ptr, seg_lse_ptr, out_ptr, num_segments,
+                  HEAD_DIM: tl.constexpr, MAX_SEGMENTS: tl.constexpr):
+    """Row r's segments (normalised outputs, log-sum-exps) merged by their shares of the softmax."""
+    row = tl.program_id(0)
+    segments = tl.arange(0, MAX_SEGMENTS)
+    dims = tl.arange(0, HEAD_DIM)
+    real = segments < num_segments
+    lse = tl.load(seg_lse_ptr + row * MAX_SEGMENTS + segments, mask=real, other=float("-inf"))
+    top = tl.max(lse, 0)
+    weight = tl.where(lse > float("-inf"), tl.exp(lse - top), 0.0)
+    o = tl.load(seg_out_ptr + (row * MAX_SEGMENTS + segments)[:, None] * HEAD_DIM + dims[None, :],
+                mask=(weight > 0.0)[:, None], other=0.0)
+    tl.store(out_ptr + row * HEAD_DIM + dims, tl.sum(o * weight[:, None], 0) / tl.sum(weight, 0))
+
+
+def predicted_launch(query_lens, cached_lens, num_kv_heads: int, group: int, block_m: int, tile_n: int,
+                     num_kv_splits: int) -> tuple[int, int]:
+    """(programs, key-tile runs) of the engine's kernel: query tiles of block_m // group positions, one
+    program per (query tile, KV head, segment); a query tile runs the key tiles up to its last row's,
+    shared among its segments, so the split multiplies programs and not tile runs."""
+    rows_per_tile = block_m // group
+    query_tiles = tile_runs = 0
+    for n, c in zip(query_lens, cached_lens):
+        for first in range(0, n, rows_per_tile):
+            query_tiles += 1
+            tile_runs += (c + min(first + rows_per_tile, n) - 1) // tile_n + 1
+    return query_tiles * num_kv_heads * num_kv_splits, tile_runs * num_kv_heads
+
+
+fixed_chunk_kernel = triton.jit(_fixed_chunk_kernel) if triton is not None else None
+merge_kernel = triton.jit(_merge_kernel) if triton is not None else None
