@@ -153,8 +153,10 @@ def _same(value, noop) -> bool:
     return value == noop
 
 
-def markdown_table(endpoint: str) -> str:
-    """The table docs/serving.md shows for an endpoint (a test keeps the two the same)."""
+def markdown_table(endpoint_or_params) -> str:
+    """The table docs/serving.md shows for an endpoint, or for EXTRAS (a test keeps
+    the two the same)."""
+    params = TABLES[endpoint_or_params] if isinstance(endpoint_or_params, str) else endpoint_or_params
     rows = ["| parameter | here | what happens |", "|---|---|---|"]
-    rows += [f"| `{p.name}` | {p.how} | {p.note} |" for p in TABLES[endpoint]]
+    rows += [f"| `{p.name}` | {p.how} | {p.note} |" for p in params]
     return "\n".join(rows)
