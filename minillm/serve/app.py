@@ -16,7 +16,8 @@ role-only chunk before the prompt is done, so a client's TTFT is the
 engine's TTFT plus the trip). A client that disconnects is noticed by a
 watcher on the ASGI receive channel, even while its request still waits, and
 the request is aborted: its blocks go back to the pool at the next step
-boundary.
+boundary. How engine events become answers (stop strings, echo,
+log-probabilities, several prompts in one request): answers.py.
 """
 from __future__ import annotations
 
@@ -26,11 +27,9 @@ import time
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from .engine_loop import EngineLoop, TokenEvent
-from .protocol import (APIError, full_response, openai_finish_reason, parse_chat, parse_completion, parse_json,
-                       sse, stream_chunk, usage_chunk)
-
-_DISCONNECTED = TokenEvent(None, "", True, "abort", "client disconnected")
+from .answers import collect, sse_events, submit_all, watch_disconnect
+from .engine_loop import EngineLoop
+from .protocol import APIError, check_model, full_response, parse_chat, parse_completion, parse_json
 
 
 def error_response(error: APIError) -> JSONResponse:
@@ -105,22 +104,24 @@ def create_app(engine_loop: EngineLoop, tokenizer, model_name: str, max_model_le
 
     async def generate(request: Request, parse):
         body = parse_json(await request.body())
+        check_model(body, model_name)
         req = parse(body, tokenizer, max_model_len, default_max_tokens)
         req.model = req.model or model_name
-        stream = await engine_loop.submit(req.prompt_token_ids, req.params, tag=req.request_id)
+        streams = await submit_all(engine_loop, req)
+        watcher = asyncio.create_task(watch_disconnect(request, streams))
         if req.stream:
-            watcher = asyncio.create_task(_watch_disconnect(request, stream))
-            return StreamingResponse(_sse_events(req, stream, engine_loop, watcher),
+            return StreamingResponse(sse_events(req, streams, engine_loop, tokenizer, watcher),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        watcher = asyncio.create_task(_watch_disconnect(request, stream))
         try:
-            text, reason, num_tokens, error, token_ids = await _collect(req, stream, engine_loop)
+            choices = await asyncio.gather(*(collect(req, i, s, engine_loop, tokenizer)
+                                             for i, s in enumerate(streams)))
         finally:
             watcher.cancel()
-        if error is not None and reason != "stop":
-            raise APIError(500, f"generation failed: {error}", type_="server_error")
-        return full_response(req, text, reason, num_tokens, token_ids)
+        for choice in choices:
+            if choice.error is not None:
+                raise APIError(500, f"generation failed: {choice.error}", type_="server_error")
+        return full_response(req, [c.final() for c in choices], sum(c.num_tokens for c in choices))
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -131,96 +132,3 @@ def create_app(engine_loop: EngineLoop, tokenizer, model_name: str, max_model_le
         return await generate(request, parse_chat)
 
     return app
-
-
-async def _watch_disconnect(request: Request, stream) -> None:
-    """Wait for the client to go away; then wake the stream's reader."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            stream.events.put_nowait(_DISCONNECTED)
-            return
-
-
-class _StopMatcher:
-    """OpenAI's `stop` strings: end the text before the first match, never print it.
-    Text that could be the start of a stop string is held back until it cannot."""
-
-    def __init__(self, stop_strings):
-        self.stop_strings = stop_strings
-        self.held = ""
-
-    def push(self, text: str) -> tuple[str, bool]:
-        """(text safe to send, whether a stop string matched)."""
-        if not self.stop_strings:
-            return text, False
-        self.held += text
-        hits = [i for i in (self.held.find(s) for s in self.stop_strings) if i >= 0]
-        if hits:
-            out, self.held = self.held[:min(hits)], ""
-            return out, True
-        keep = max((k for s in self.stop_strings for k in range(1, len(s)) if self.held.endswith(s[:k])), default=0)
-        out = self.held[:len(self.held) - keep]
-        self.held = self.held[len(self.held) - keep:]
-        return out, False
-
-    def flush(self) -> str:
-        out, self.held = self.held, ""
-        return out
-
-
-async def _events(req, stream, engine_loop):
-    """(text, finish_reason or None, num_tokens, error, token ids) per engine event;
-    aborts the request on a stop string."""
-    matcher = _StopMatcher(req.stop_strings)
-    while True:
-        event = await stream.events.get()
-        if event is _DISCONNECTED:
-            engine_loop.abort(stream)
-            raise _ClientGone()
-        ids = [] if event.token_id is None else [event.token_id]
-        text, stopped = matcher.push(event.text)
-        if stopped:
-            engine_loop.abort(stream)
-            yield text, "stop", event.num_output_tokens, None, ids
-            return
-        if event.finished:
-            yield (text + matcher.flush(), openai_finish_reason(event.finish_reason), event.num_output_tokens,
-                   event.error, ids)
-            return
-        yield text, None, event.num_output_tokens, None, ids
-
-
-class _ClientGone(Exception):
-    pass
-
-
-async def _sse_events(req, stream, engine_loop, watcher):
-    first, num_tokens, reason = True, 0, None
-    try:
-        async for text, reason, num_tokens, error, ids in _events(req, stream, engine_loop):
-            if error is not None and reason != "stop":
-                yield sse(APIError(500, f"generation failed: {error}", type_="server_error").body())
-                break
-            yield sse(stream_chunk(req, text, reason, first, ids))
-            first = False
-        if req.include_usage:
-            yield sse(usage_chunk(req, num_tokens))
-        yield sse("[DONE]")
-    except _ClientGone:
-        return
-    finally:
-        watcher.cancel()
-        if reason is None:                 # the client left, or the server is stopping
-            engine_loop.abort(stream)      # a no-op when it already finished
-
-
-async def _collect(req, stream, engine_loop):
-    parts, token_ids, reason, num_tokens, error = [], [], None, 0, None
-    try:
-        async for text, reason, num_tokens, error, ids in _events(req, stream, engine_loop):
-            parts.append(text)
-            token_ids += ids
-    except _ClientGone:
-        pass
-    return "".join(parts), reason, num_tokens, error, token_ids

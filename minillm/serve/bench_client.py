@@ -7,6 +7,12 @@ and vllm/benchmarks/serve.py, vLLM 0.33), so numbers compare across servers:
   ITL   every gap between two successive such chunks (a chunk that carries k
         tokens is ONE gap: the k-1 others read as zero-length, vLLM #27485)
   E2EL  from the POST to the last chunk with choices (latency)
+  A chunk with choices counts even when it carries no token: llama.cpp's server
+  closes a stream with one more chunk, empty, holding the finish_reason, and
+  vllm bench serve counts it as a gap and as the end of E2EL
+  (async_request_openai_completions, vllm/benchmarks/lib/endpoint_request_func.py at
+  commit 02cfb534df5674737558730b10f23d1b7aef9b7c), so this client does too;
+  --drop-closing-chunk leaves it out (each record says whether it had one).
   TPOT  per request, (E2EL - TTFT) / (completion_tokens - 1), completion_tokens
         from the final usage chunk (stream_options.include_usage)
   goodput  requests per second that meet every SLO given (--goodput ttft:MS tpot:MS)
@@ -55,6 +61,7 @@ class RequestRecord:
     error: str = ""
     response_id: str = ""
     text: str = ""
+    closing_chunk: bool = False            # the stream ended with a chunk that carried no token
 
     @property
     def itl(self) -> list[float]:
@@ -134,7 +141,8 @@ def payload(args, planned: PlannedRequest) -> dict:
     return body
 
 
-async def stream_one(client, url: str, body: dict, record: RequestRecord, on_chunk=None) -> RequestRecord:
+async def stream_one(client, url: str, body: dict, record: RequestRecord, on_chunk=None,
+                     drop_closing_chunk: bool = False) -> RequestRecord:
     record.start_time = start = time.perf_counter()
     last, closing = start, False
     try:
@@ -173,8 +181,10 @@ async def stream_one(client, url: str, body: dict, record: RequestRecord, on_chu
             return record
         # llama.cpp closes a stream with one more chunk, empty, with the finish_reason (and
         # the usage): the server counted one token fewer than it sent chunks, so that
-        # chunk carried none and is neither an ITL gap nor the end of E2EL
-        if closing and len(record.chunk_times) == record.output_tokens + 1 > 1:
+        # chunk carried none. vllm bench serve counts it (a gap, and the end of E2EL);
+        # dropped on request
+        record.closing_chunk = closing and len(record.chunk_times) == record.output_tokens + 1 > 1
+        if record.closing_chunk and drop_closing_chunk:
             record.chunk_times.pop()
             last = record.chunk_times[-1]
         record.latency = last - start
@@ -247,7 +257,8 @@ async def run_async(args) -> dict:
             else:
                 await asyncio.sleep(max(0.0, planned.delay_s - (time.perf_counter() - run_start)))
             async with limit:
-                return await stream_one(client, url, payload(args, planned), record, on_chunk)
+                return await stream_one(client, url, payload(args, planned), record, on_chunk,
+                                        drop_closing_chunk=args.drop_closing_chunk)
 
         run_start = time.perf_counter()
         await asyncio.gather(*(launch(p, r) for p, r in zip(plan, records)))
@@ -333,6 +344,9 @@ def summarize(records, duration_s: float, args, engine_comparison=None) -> dict:
                             for g in groups}
     if engine_comparison is not None:
         result["engine_comparison"] = engine_comparison
+    # llama.cpp's token-less closing chunks: counted as vLLM counts them, or dropped
+    result["closing_chunks"] = {"seen": sum(r.closing_chunk for r in records),
+                                "dropped": bool(getattr(args, "drop_closing_chunk", False))}
     result["errors"] = sorted({r.error for r in records if r.error})[:5]
     result["requests"] = [dict(asdict(r), itl=r.itl, tpot=r.tpot) for r in records]
     return result
@@ -369,6 +383,10 @@ def print_report(result: dict, file=sys.stdout) -> None:
     block("all", result)
     for name, metrics in result.get("groups", {}).items():
         block(name, metrics, "  ")
+    if result.get("closing_chunks", {}).get("seen"):
+        c = result["closing_chunks"]
+        print(f"  {c['seen']} streams closed with a chunk that carried no token: "
+              f"{'dropped' if c['dropped'] else 'counted as a gap, as vllm bench serve does'}", file=file)
     if "engine_comparison" in result:
         print("  client / engine:", {k: round(v, 3) for k, v in result["engine_comparison"].items()}, file=file)
     for error in result["errors"]:
@@ -401,8 +419,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="interference: the long prompt is sent once every stream has this many chunks")
     p.add_argument("--goodput", nargs="*", default=None, metavar="KEY:MS", help="SLOs, e.g. ttft:2000 tpot:100")
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--ignore-eos", dest="ignore_eos", action="store_true", default=True,
+                   help="send ignore_eos, so every request makes the tokens asked for (our default; "
+                        "vllm bench serve's --ignore-eos is off by default: pass it there to compare)")
     p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
-                   help="let the model stop at EOS (default: ignore it, as vllm bench serve's random dataset does)")
+                   help="let the model stop at EOS (vllm bench serve's default)")
+    p.add_argument("--drop-closing-chunk", action="store_true",
+                   help="leave out a closing chunk that carries no token (llama.cpp's) from ITL and E2EL; "
+                        "vllm bench serve counts it, and so does this client by default")
     p.add_argument("--seed", type=int, default=None, help="lengths and arrivals (default: fresh each run)")
     p.add_argument("--compare-engine", action="store_true",
                    help="minillm servers: fetch the engine's own stamps of the same requests and print the ratios")

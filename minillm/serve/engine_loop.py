@@ -23,20 +23,22 @@ from dataclasses import dataclass, field
 
 from ..request import RequestStatus
 from .metrics_export import ServerMetrics
-from .protocol import APIError
+from .protocol import APIError, openai_finish_reason
 
 log = logging.getLogger("minillm.serve")
 
 
 @dataclass
 class TokenEvent:
-    """What a stream receives per step: the new token and the text it completes."""
-    token_id: int | None
+    """What a stream receives per step: the new tokens and the text they complete."""
+    token_ids: list[int]             # new since the last event (a step may bring several)
     text: str                        # new text ("" while a character is incomplete)
     finished: bool = False
     finish_reason: str | None = None
     error: str | None = None
     num_output_tokens: int = 0
+    logprobs: list[dict] | None = None         # one per new token, for a request that asked
+    prompt_logprobs: list | None = None        # the whole prompt's, on a request's first event
 
 
 @dataclass
@@ -50,6 +52,7 @@ class Stream:
     request_id: int | None = None    # the engine's id, once admitted
     abandoned: bool = False          # the client left before admission
     sent_chars: int = 0              # engine thread: text already handed over
+    sent_tokens: int = 0             # engine thread: tokens already handed over
 
     def __post_init__(self):
         self.admitted = self.loop.create_future()
@@ -100,10 +103,10 @@ class EngineLoop:
         APIError 429 (queue full), 503 (shutting down) or 400 (the engine refused it)."""
         with self._lock:
             if self._stopping:
-                raise APIError(503, "the server is shutting down", type_="service_unavailable", code="503")
+                raise APIError(503, "the server is shutting down", type_="service_unavailable")
             if self.max_waiting is not None and self._num_queued >= self.max_waiting:
                 raise APIError(429, f"{self._num_queued} requests are already waiting (--max-waiting "
-                               f"{self.max_waiting}); retry later", type_="rate_limit_error", code="429")
+                               f"{self.max_waiting}); retry later", type_="rate_limit_error")
             self._num_queued += 1
         stream = Stream(asyncio.get_running_loop(), tag)
         # Arrival on the engine's clock, now: the engine's TTFT then counts the
@@ -118,8 +121,13 @@ class EngineLoop:
         return stream
 
     def abort(self, stream: Stream) -> None:
-        """The client left (or a stop string matched): free its blocks at the next step boundary."""
+        """The client left: free its blocks at the next step boundary."""
         self._inbox.put(("abort", stream))
+
+    def finish_on_stop_string(self, stream: Stream) -> None:
+        """A stop string matched in the text (the HTTP side matches them): free the blocks
+        at the next step boundary, and count a finish with reason "stop", as vLLM does."""
+        self._inbox.put(("stop", stream))
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Abort what is left, end the thread."""
@@ -156,6 +164,8 @@ class EngineLoop:
                 return False
             if command[0] == "add":
                 self._add(*command[1:])
+            elif command[0] == "stop":
+                self._finish_on_stop_string(command[1])
             else:
                 self._abort(command[1])
             try:
@@ -193,6 +203,19 @@ class EngineLoop:
         if output is not None:
             self.metrics.on_finish(output, "abort")
 
+    def _finish_on_stop_string(self, stream: Stream) -> None:
+        rid = stream.request_id
+        if rid is None or self._streams.pop(rid, None) is None:
+            return                           # it finished in the engine first (EOS, length)
+        output = self.engine.abort_request(rid)
+        if output is not None:
+            # e2e ends at the token that completed the stop string, not at this abort
+            output.finish_reason = "stop"
+            if output.metrics.token_times:
+                output.metrics.finish_time = output.metrics.token_times[-1]
+            self.metrics.on_finish(output, "stop")
+            self.finished_log.append(_stamps(output))
+
     def _leave_waiting(self, rid: int) -> None:
         if rid in self._waiting_ids:
             self._waiting_ids.discard(rid)
@@ -212,16 +235,17 @@ class EngineLoop:
             stream = self._streams.get(out.request_id)
             if stream is None:
                 continue
-            text = out.text or ""
-            event = TokenEvent(out.output_token_ids[-1] if out.output_token_ids else None,
-                               text[stream.sent_chars:], out.finished, out.finish_reason, out.error,
-                               len(out.output_token_ids))
-            stream.sent_chars = len(text)
+            text, first = out.text or "", stream.sent_tokens
+            event = TokenEvent(out.output_token_ids[first:], text[stream.sent_chars:], out.finished,
+                               out.finish_reason, out.error, len(out.output_token_ids),
+                               logprobs=None if out.logprobs is None else out.logprobs[first:],
+                               prompt_logprobs=out.prompt_logprobs if first == 0 else None)
+            stream.sent_chars, stream.sent_tokens = len(text), len(out.output_token_ids)
             posts.setdefault(stream.loop, []).append((stream.events, event))
             self.metrics.on_token(out)
             if out.finished:
                 del self._streams[out.request_id]
-                self.metrics.on_finish(out, out.finish_reason)
+                self.metrics.on_finish(out, openai_finish_reason(out.finish_reason))
                 self.finished_log.append(_stamps(out))
         for loop, items in posts.items():
             try:
@@ -253,7 +277,7 @@ class EngineLoop:
             if output is not None:
                 self.metrics.on_finish(output, "abort")
             posts.setdefault(stream.loop, []).append(
-                (stream.events, TokenEvent(None, "", True, "abort", reason)))
+                (stream.events, TokenEvent([], "", True, "abort", reason)))
         self._streams.clear()
         for loop, items in posts.items():
             try:

@@ -33,11 +33,20 @@ class ServerProcess:
         self.startup_s: float | None = None      # launch to /health answering 200
 
     def start(self) -> "ServerProcess":
-        start = time.perf_counter()
+        return self.launch().wait_ready()
+
+    def launch(self) -> "ServerProcess":
+        """Start the process and return at once (wait_ready() waits for /health): several
+        servers, or a server and other work, can then start side by side."""
+        self._launched_at = time.perf_counter()
         out = subprocess.DEVNULL if self.quiet else None
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.process = subprocess.Popen([sys.executable, "-m", "minillm", "serve", *self.args],
                                         stdout=out, stderr=subprocess.PIPE if self.quiet else None, env=env)
+        return self
+
+    def wait_ready(self) -> "ServerProcess":
+        start = self._launched_at
         while time.perf_counter() - start < self.startup_timeout_s:
             if self.process.poll() is not None:
                 err = self.process.stderr.read().decode() if self.process.stderr else ""

@@ -9,6 +9,14 @@ Names follow vLLM's (vllm/v1/metrics/loggers.py, vLLM 0.33) with our prefix:
   minillm:prefix_cache_queries_total / _hits_total   counters, in tokens
   minillm:prompt_tokens_total, minillm:generation_tokens_total   counters
   minillm:request_success_total{finished_reason=...}   counter
+Every series carries a `model_name` label (the served name), and the finish
+reasons are vLLM's: an EOS token and a stop string both finish as "stop" and
+both count in the e2e histogram (vLLM's PrometheusStatLogger,
+vllm/v1/metrics/loggers.py at commit 005a810bc40faa25b8870fbc8559c3462581eee3,
+labels every metric with model_name and observes e2e for each finished request;
+its reasons are stop, length, abort: vllm/v1/engine/__init__.py at commit
+0015f3f6a0e6ccca781c3f0b127101153c12ebbe). Aborted requests (the client left)
+are counted but kept out of the e2e histogram: they have no end to measure.
 Written by hand (no prometheus_client): a histogram is a list of bucket
 counts, a sum and a count. Only the engine thread updates; /metrics reads
 under the same lock.
@@ -39,13 +47,16 @@ class Histogram:
         self.sum += value
         self.count += 1
 
-    def lines(self, name: str) -> list[str]:
+    def lines(self, name: str, labels: str = "") -> list[str]:
+        """labels: 'key="value",...' added to every line's own."""
         out, cumulative = [], 0
+        extra = f",{labels}" if labels else ""
         for bound, n in zip(self.buckets + (float("inf"),), self.counts):
             cumulative += n
             le = "+Inf" if bound == float("inf") else repr(float(bound))
-            out.append(f'{name}_bucket{{le="{le}"}} {cumulative}')
-        return out + [f"{name}_sum {self.sum!r}", f"{name}_count {self.count}"]
+            out.append(f'{name}_bucket{{le="{le}"{extra}}} {cumulative}')
+        braces = f"{{{labels}}}" if labels else ""
+        return out + [f"{name}_sum{braces} {self.sum!r}", f"{name}_count{braces} {self.count}"]
 
 
 class ServerMetrics:
@@ -103,13 +114,13 @@ class ServerMetrics:
 
     # ---- /metrics ---------------------------------------------------------------------
     def render(self, num_running: int, num_waiting: int, model_name: str = "") -> str:
-        p = "minillm:"
+        p, label = "minillm:", f'model_name="{_escape(model_name)}"'
         with self._lock:
             lines = [
                 f"# HELP {p}num_requests_running Requests in the running batch.",
-                f"# TYPE {p}num_requests_running gauge", f"{p}num_requests_running {num_running}",
+                f"# TYPE {p}num_requests_running gauge", f"{p}num_requests_running{{{label}}} {num_running}",
                 f"# HELP {p}num_requests_waiting Requests submitted and not yet scheduled.",
-                f"# TYPE {p}num_requests_waiting gauge", f"{p}num_requests_waiting {num_waiting}",
+                f"# TYPE {p}num_requests_waiting gauge", f"{p}num_requests_waiting{{{label}}} {num_waiting}",
             ]
             for name, value, help_ in (
                     ("request_arrivals_total", self.num_arrived, "Requests the engine accepted."),
@@ -117,17 +128,23 @@ class ServerMetrics:
                     ("generation_tokens_total", self.generation_tokens, "Output tokens generated."),
                     ("prefix_cache_queries_total", self.prefix_queries, "Prompt tokens looked up in the prefix cache."),
                     ("prefix_cache_hits_total", self.prefix_hits, "Prompt tokens served by the prefix cache.")):
-                lines += [f"# HELP {p}{name} {help_}", f"# TYPE {p}{name} counter", f"{p}{name} {value}"]
-            lines += [f"# HELP {p}request_success_total Finished requests by finish reason.",
-                      f"# TYPE {p}request_success_total counter"]
-            lines += [f'{p}request_success_total{{finished_reason="{r}"}} {n}' for r, n in sorted(self.finished.items())]
+                lines += [f"# HELP {p}{name} {help_}", f"# TYPE {p}{name} counter", f"{p}{name}{{{label}}} {value}"]
+            lines += [f"# HELP {p}request_success_total Finished requests by finish reason (vLLM's: stop, "
+                      "length, abort, error).", f"# TYPE {p}request_success_total counter"]
+            lines += [f'{p}request_success_total{{finished_reason="{r}",{label}}} {n}'
+                      for r, n in sorted(self.finished.items())]
             for name, hist, help_ in (
                     ("time_to_first_token_seconds", self.ttft, "Time to first token, arrival to first token."),
                     ("inter_token_latency_seconds", self.itl, "Every gap between two consecutive tokens."),
                     ("e2e_request_latency_seconds", self.e2e, "Arrival to last token, finished requests."),
                     ("request_queue_time_seconds", self.queue_time, "Arrival to the first step that schedules it.")):
-                lines += [f"# HELP {p}{name} {help_}", f"# TYPE {p}{name} histogram"] + hist.lines(p + name)
+                lines += [f"# HELP {p}{name} {help_}", f"# TYPE {p}{name} histogram"] + hist.lines(p + name, label)
         return "\n".join(lines) + "\n"
+
+
+def _escape(value: str) -> str:
+    """A label value as Prometheus' text format writes it."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def parse_prometheus(text: str) -> dict[str, float]:

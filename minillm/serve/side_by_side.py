@@ -21,10 +21,11 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 from .bench_client import benchmark, build_parser, check_args
 from .launch import ServerProcess, free_port
-from .peer import llama_server_command
+from .peer import llama_server_command, llama_server_env
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 KINDS = ("minillm", "llama.cpp")
@@ -61,7 +62,8 @@ class LlamaServer:
         self.startup_timeout_s = startup_timeout_s
 
     def __enter__(self):
-        self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                        env=llama_server_env(Path(self.command[0])))
         start = time.perf_counter()
         while time.perf_counter() - start < self.startup_timeout_s:
             if self.process.poll() is not None:

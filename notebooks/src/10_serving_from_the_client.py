@@ -359,6 +359,75 @@ else:
 # ```
 
 # %% [markdown] slideshow={"slide_type": "slide"}
+# ## 8. What an evaluation harness asks of the server
+#
+# People check a served model with lm-evaluation-harness. For a multiple-choice task its
+# `local-completions` model does not generate at all: for each answer it posts the
+# question and the answer as token ids with `echo: true`, `logprobs: 1`,
+# `max_tokens: 1`, and sums the log-probabilities the server reports for the answer's
+# tokens, `token_logprobs[ctxlen:-1]` (the last entry is the one token generated;
+# `lm_eval/models/openai_completions.py`, lm-eval 0.4.13). So the server must keep the
+# logits of *every* prompt position, across however many chunks the prompt takes, where
+# a plain prefill keeps only the last row. The engine asks the model for exactly those
+# rows, chunk by chunk, and only for requests that want them:
+
+# %%
+show_source(minillm.engine.ModelExecutor._chunk)
+
+# %% [markdown]
+# Send the harness's request for three answers to a server that cuts every prompt into
+# chunks of 16 tokens, and score them as the harness does. The reference is the
+# engine's full, unchunked prefill of the same tokens, offline. (The server's app runs in
+# this process here, through FastAPI's test client: the same routes without the socket,
+# and no second process to start.)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+import torch  # noqa: E402
+from fastapi.testclient import TestClient  # noqa: E402
+
+from minillm.serve.cli import build_parser, build_server  # noqa: E402
+from minillm.tokenizer import ByteTokenizer  # noqa: E402
+
+app, tiny_loop = build_server(build_parser().parse_args(["--model", "tiny", "--chunk-size", "16"]))
+tokenizer = ByteTokenizer()
+context = "Question: which step carries a prefill chunk and the decodes together?\nAnswer:"
+answers = [" a mixed step", " the last one", " none of them"]
+context_ids = tokenizer.encode(context)
+answer_ids = {answer: tokenizer.encode(answer, add_bos=False) for answer in answers}
+served = {}
+with TestClient(app) as client:                                  # starts the engine thread
+    for answer in answers:
+        body = {"model": "tiny", "prompt": [context_ids + answer_ids[answer]], "echo": True, "logprobs": 1,
+                "max_tokens": 1, "temperature": 0, "seed": 1234}  # what lm-eval sends
+        choice = client.post("/v1/completions", json=body).json()["choices"][0]
+        served[answer] = sum(choice["logprobs"]["token_logprobs"][len(context_ids):-1])
+scores = {}
+for answer in answers:                                           # the same weights, one full prefill each
+    ids = context_ids + answer_ids[answer]
+    _, logits = minillm.prefill_kv(tiny_loop.engine.model, ids)  # [T, vocab]
+    rows = torch.arange(len(context_ids) - 1, len(ids) - 1)
+    reference = torch.log_softmax(logits.float(), -1)[rows, torch.tensor(answer_ids[answer])].sum().item()
+    scores[answer] = (served[answer], reference)
+    print(f"{answer!r:18} {len(ids)} tokens in {-(-len(ids) // 16)} chunks: served {served[answer]:10.5f}, "
+          f"unchunked reference {reference:10.5f}")
+print("the harness would answer:", max(scores, key=lambda a: scores[a][0]))
+
+# %% [markdown]
+# The scores agree to float32's last digits whatever the chunking, so the harness picks
+# the same answer from a chunked server as from an unchunked one (the tiny model's weights
+# are random: which answer it prefers means nothing). On the book's real model,
+# `make eval` runs the harness itself (`lm_eval --model local-completions`, offline)
+# against `python -m minillm serve --model smollm2-135m-instruct` on the two small tasks in
+# `data/lm_eval/`, and `tests/test_serve_eval.py` holds every log-likelihood it logged to
+# transformers' on the same GGUF weights within 1e-4, and every greedy generation to
+# transformers' exactly (`docs/serving.md` has the run).
+
+# %%
+assert all(abs(served - reference) < 1e-4 for served, reference in scores.values())
+assert max(scores, key=lambda a: scores[a][0]) == max(scores, key=lambda a: scores[a][1])
+
+# %% [markdown] slideshow={"slide_type": "slide"}
 # ## Takeaways
 #
 # 1. A server is an engine loop plus two queues: one thread owns the engine; the event loop
