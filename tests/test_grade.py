@@ -19,6 +19,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from _toy_exercise import TOY_MODULES, TOY_SOURCE, hard_coded_double, public_cases, write_package
 from minillm.grading import grade
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,84 +77,12 @@ def test_the_grader_leaves_the_learners_check_calls_out():
 # ---------------------------------------------------------------------------
 # A toy exercise: its checkers, its hidden cases, its solution, and the tricks
 # ---------------------------------------------------------------------------
-TOY_CHECKERS = '''
-import random
-from minillm.grading._common import call_text, checker, fail, learner_call, passed
-
-@checker
-def check_double(fn, seed=None):
-    """fn(x) -> 2 * x."""
-    rng = random.Random(seed)
-    for x in [0, 1, -3] + [rng.randint(-1000, 1000) for _ in range(4)]:
-        got = learner_call(fn, x)
-        if got != 2 * x:
-            fail(f"{call_text(fn, x)} returned {got!r}, expected {2 * x}")
-    passed("it doubles")
-
-@checker
-def check_total(fn, seed=None):
-    """fn(list of numbers) -> their sum."""
-    rng = random.Random(seed)
-    for numbers in [[], [1, 2]] + [[rng.randint(0, 9) for _ in range(5)] for _ in range(3)]:
-        got = learner_call(fn, list(numbers))
-        if got != sum(numbers):
-            fail(f"{call_text(fn, numbers)} returned {got!r}, expected {sum(numbers)}")
-    passed("it adds up")
-'''
-TOY_HIDDEN = '''
-from toygrading.ch99 import fail
-HIDDEN = {"check_double": [dict(seed=12345), dict(seed=999)]}
-
-def hidden_check_total(fn):
-    if fn(list(range(100))) != 4950:
-        fail("total(list(range(100))) is not 4950")
-'''
-TOY_SOURCE = '''# %% [markdown]
-# # A toy exercise
-
-# %%
-import toygrading.ch99 as ex
-
-# %% [markdown]
-# ## 1. Double it
-
-# %%
-def double(x):
-    ### BEGIN SOLUTION
-    return 2 * x
-    ### END SOLUTION
-
-# %%
-ex.check_double(double)  # points: 2
-
-# %% [markdown]
-# ## 2. Add them up
-
-# %%
-def total(numbers):
-    ### BEGIN SOLUTION
-    return sum(numbers)
-    ### END SOLUTION
-
-# %%
-ex.check_total(total)  # points: 3
-'''
-TOY_MODULES = {"check_double": "toygrading.ch99", "check_total": "toygrading.ch99"}
-
-
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
     """The toy package (importable by the kernels), its manifest, and a function that writes
     a notebook: the solution, the learner copy, or either with cells changed."""
     folder = tmp_path_factory.mktemp("toy")
-    package = folder / "toygrading"
-    (package / "_hidden").mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "ch99.py").write_text(TOY_CHECKERS)
-    (package / "_hidden" / "__init__.py").write_text("")
-    (package / "_hidden" / "ch99.py").write_text(TOY_HIDDEN)
-    source = folder / "99_toy.py"
-    source.write_text(TOY_SOURCE)
+    source = write_package(folder)
     manifest = nb_tool.build_manifest([source], TOY_MODULES)
     (folder / "manifest.json").write_text(nb_tool.manifest_text(manifest))
     solution = nb_tool.parse_percent(TOY_SOURCE)
@@ -183,20 +112,6 @@ def _cell(cells, text):
 
 def _solve(cells, name, body):
     _cell(cells, f"def {name}(").source = f"def {name}(*args):\n" + textwrap.indent(textwrap.dedent(body), "    ")
-
-
-def _public_cases():
-    """The inputs the public check_double tries (a learner sees them in its failure messages)."""
-    sys.path.insert(0, str(Path(os.environ["PYTHONPATH"].split(os.pathsep)[0])))
-    try:
-        from toygrading import ch99
-        seen = []
-        ch99.check_double(lambda x: seen.append(x) or 2 * x)
-        return seen
-    finally:
-        sys.path.pop(0)
-        for name in [m for m in sys.modules if m.startswith("toygrading")]:
-            del sys.modules[name]
 
 
 TRICKS = {
@@ -229,9 +144,8 @@ SOLVED = ("deleted", "slow")                 # these start from the solution, th
 
 def test_a_class_folder_graded_in_one_run_scores_each_trick_zero_and_writes_the_csv(toy, tmp_path):
     folder, manifest, write = toy
-    public = _public_cases()
-    TRICKS["hard_coded"] = lambda c: _solve(c, "double", f"return {{{', '.join(f'{x}: {2 * x}' for x in public)}}}"
-                                                         f".get(args[0], 0)")
+    public = public_cases(folder)
+    TRICKS["hard_coded"] = lambda c: _solve(c, "double", hard_coded_double(public))
     submissions = tmp_path / "submissions"
     write(submissions / "alice" / "99_toy.ipynb", solved=True)
     write(submissions / "bob" / "nested" / "99_toy (1).ipynb")                       # a stub, renamed by a browser
