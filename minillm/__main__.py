@@ -1,4 +1,4 @@
-"""Command line: `python -m minillm bench ...`, `python -m minillm figures`, `python -m minillm grade`."""
+"""Command line: `python -m minillm bench ...`, `figures`, `grade`, `release`, `serve`."""
 from __future__ import annotations
 
 import sys
@@ -17,7 +17,11 @@ commands:
         [--max-num-batched-tokens N] [--long-prefill-token-threshold N] [--max-num-seqs N]
         [--max-waiting N]                              an OpenAI-compatible server (see serve --help)
   figures [--out DIR]                                  regenerate the README's figures
-  grade [NOTEBOOK.ipynb | FOLDER ...]                  run exercise notebooks, print the grades
+  grade [NOTEBOOK.ipynb | FOLDER ... | --class FOLDER] [--csv FILE] [--timeout S] [--jobs N]
+                                                       grade exercise notebooks against the manifest
+                                                       and the teacher's checks (grade --help)
+  release --student DIR                                a tree to hand to students: no solutions,
+                                                       reference answers, hidden cases or tests
 """
 
 
@@ -42,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     if command == "grade":
         from .grading.grade import main as grade_main
         return grade_main(rest)
+    if command == "release":
+        from .grading.release import main as release_main
+        return release_main(rest)
     if command == "figures":
         import argparse
 

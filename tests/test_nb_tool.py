@@ -67,3 +67,18 @@ def test_metadata_only_refuses_changed_code():
     executed = _executed(SOURCE.replace("print(math.pi)", "print(math.e)"))
     with pytest.raises(ValueError, match=r"ch.ipynb: cell 2 differs .*rebuild it"):
         nb_tool.copy_metadata(nb_tool.parse_percent(SOURCE), executed, "ch.ipynb")
+
+
+def test_the_learner_copy_drops_hidden_tests_and_stubs_the_solution():
+    nb = nb_tool.parse_percent(
+        "# %%\ndef f():\n    ### BEGIN SOLUTION\n    return 42\n    ### END SOLUTION\n\n"
+        "# %%\nex.check_f(f)  # points: 1\n### BEGIN HIDDEN TESTS\nassert f() == 42   # the answer\n"
+        "### END HIDDEN TESTS\n")
+    learner = nb_tool.learner_version(nb)
+    assert [c.source for c in learner.cells] == [
+        "def f():\n    # YOUR CODE HERE\n    raise NotImplementedError", "ex.check_f(f)  # points: 1"]
+    text = "".join(c.source for c in learner.cells)
+    assert "42" not in text and "HIDDEN" not in text
+    broken = nb_tool.parse_percent("# %%\nx = 1\n### BEGIN HIDDEN TESTS\nassert x\n")
+    with pytest.raises(ValueError, match="unmatched"):
+        nb_tool.learner_version(broken)

@@ -11,12 +11,22 @@ On top of that, a markdown cell is digested for the projector:
 - its headings, lists, tables, display math, images and paragraphs that open
   with bold text stay on the slide; its other paragraphs (the prose that the
   book says at length) become speaker notes (press `s` in the deck);
+- a list item or a bold-led paragraph longer than a projector line or two keeps
+  its first sentence on the slide, and the whole block goes to the notes;
 - a `##` heading inside a cell starts a new slide, `###` a subslide.
 
-Tags refine it: `slides-verbatim` keeps a markdown cell as it is,
-`slides-hide-input` shows only a code cell's output, `slides-hide-output`
-only its code. Code cells lose their `# NBVAL_IGNORE_OUTPUT` marker line and
-what they printed to stderr.
+A code cell shows its code only where the code teaches: plotting code (a cell
+that draws a figure or calls matplotlib) and `show_source(...)` calls (the listing
+is the output) show only their output, and code longer than MAX_CODE_LINES lines
+goes to the speaker notes, its output staying on the slide. Tags refine it:
+`slides-verbatim` keeps a markdown cell as it is, `slides-show-input` shows a code
+cell's code whatever its length, `slides-hide-input` shows only its output,
+`slides-hide-output` only its code. Code cells lose their `# NBVAL_IGNORE_OUTPUT`
+marker line and what they printed to stderr.
+
+The deck's own script (templates/minillm_reveal) then fits every slide to the
+1280x720 canvas before reveal.js starts: what still runs past the bottom moves to a
+following slide, cut between blocks, or inside a listing, table or list.
 
 reveal.js and MathJax come from tools/slides/node_modules (`make slides` runs
 `npm ci` there) and are copied to DIR/_runtime, so the folder works offline.
@@ -52,9 +62,17 @@ RUNTIME_FILES = [
 WIDTH_PX, HEIGHT_PX, FIGURE_MAX_HEIGHT_PX = 1280, 720, 520
 
 SHOWN_BLOCK = re.compile(r"^(#{1,6} |[-*+] |\d+\. |\||\$\$|```|!\[|<img)")
-BOLD_LEAD = re.compile(r"^\*\*")      # "**The question.** ..." shows when it is short
+BOLD_LEAD = re.compile(r"^\*\*")      # "**The question.** ..." shows (its first sentence when long)
 BOLD_LEAD_MAX_CHARS = 300
+LIST_ITEM = re.compile(r"^(\s*)([-*+]|\d+\.)\s+")
+ITEM_MAX_WORDS = 30                   # a longer list item keeps its first sentence on the slide
 NBVAL_MARKER = re.compile(r"^# NBVAL_[A-Z_]+[^\n]*\n?", re.M)
+MAX_CODE_LINES = 12                   # longer code goes to the speaker notes
+PLOTTING = re.compile(r"\b(plt|ax|axes|axs|fig)\.|\bmatplotlib\b|\.plot\(|\bfigures\.plot_|\bplot_\w+\(|"
+                      r"\bset_[xy](label|lim|scale|ticks)\(|\bsubplots\(")
+SHOW_SOURCE = re.compile(r"^\s*(display\()?show_source\(")
+IMAGE_TYPES = ("image/png", "image/svg+xml", "image/jpeg")
+NOT_SENTENCE_ENDS = ("e.g", "i.e", "vs", "al", "etc", "cf", "Fig", "approx")
 
 
 def slide_type(cell) -> str:
@@ -107,6 +125,86 @@ def split_display_math(block: str) -> list[str]:
     return pieces
 
 
+# A parenthesis that only says where something comes from (an issue, a file, a chapter, a
+# year): the slide can do without it, the notes keep it.
+CITATION = re.compile(r"\s*\((?=[^()]*?(?:#\d|https?:|arXiv|\.py\b|vllm-project|sgl-project|\bPR\b|[Cc]hapter|"
+                      r"[Ss]ection|§|\b(?:19|20)\d\d\b))[^()]*\)")
+
+
+def _ends(text: str, marks: str):
+    """Positions of `marks` followed by a space, outside code, math, links and parentheses."""
+    depth, quote = 0, None
+    for i, char in enumerate(text):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "`$":
+            quote = char
+        elif char in "([":
+            depth += 1
+        elif char in ")]":
+            depth = max(0, depth - 1)
+        elif char in marks and depth == 0 and text[i + 1:i + 2] == " " and i + 2 < len(text.rstrip()):
+            word = re.split(r"[\s(*]", text[:i])[-1]
+            if word not in NOT_SENTENCE_ENDS and not word.isdigit():
+                yield i
+
+
+def first_sentence(text: str) -> str | None:
+    """The text up to its first sentence end (". ", "? ", "! "), None when it has one
+    sentence. A sentence is never cut inside: a shortened bullet says less, never
+    something else."""
+    end = next(_ends(text, ".?!"), None)
+    return None if end is None else text[:end + 1].rstrip()
+
+
+def short_form(text: str, max_words: int) -> str | None:
+    """What of a long bullet or paragraph a slide shows: without its citations, its first
+    sentence, and if that is still long, its first clause before a semicolon (which
+    stands alone); None when nothing shorter is found."""
+    plain = CITATION.sub("", text)
+    short = first_sentence(plain) or plain
+    if len(short.split()) > max_words:
+        clause = next((short[:i] for i in _ends(short, ";") if len(short[:i].split()) >= 6), None)
+        short = clause or short
+    return short if short != text else None
+
+
+def shorten_list(block: str) -> str | None:
+    """The list with each long item cut to its first sentence; None when no item is long."""
+    items, changed = [], False
+    for line in block.splitlines():
+        if LIST_ITEM.match(line) or not items:
+            items.append([line])
+        else:
+            items[-1].append(line)
+    out = []
+    for lines in items:
+        marker = LIST_ITEM.match(lines[0])
+        text = " ".join(l.strip() for l in lines)[len(marker.group(0)) - len(marker.group(1)):] if marker else ""
+        short = short_form(text, ITEM_MAX_WORDS) if marker and len(text.split()) > ITEM_MAX_WORDS else None
+        if short is None:
+            out.extend(lines)
+        else:
+            out.append(marker.group(0) + short + " …")
+            changed = True
+    return "\n".join(out) if changed else None
+
+
+def slide_and_notes(block: str) -> list[tuple[bool, str]]:
+    """One markdown block -> [(shown on the slide?, text)]: a short form for the slide and
+    the whole block for the notes when the block is too long for a projector."""
+    text = block.lstrip()
+    if LIST_ITEM.match(text) and not text.startswith(("#", "|")):
+        short = shorten_list(block)
+        return [(True, block)] if short is None else [(True, short), (False, block)]
+    if BOLD_LEAD.match(text):
+        if len(text) <= BOLD_LEAD_MAX_CHARS:
+            return [(True, block)]
+        short = short_form(" ".join(text.split()), ITEM_MAX_WORDS)
+        return [(False, block)] if short is None else [(True, short + " …"), (False, block)]
+    return [(bool(SHOWN_BLOCK.match(text)), block)]
+
+
 def digest_markdown(cell) -> list:
     """One markdown cell -> cells for the deck: what to show, and speaker notes.
 
@@ -116,9 +214,8 @@ def digest_markdown(cell) -> list:
     if kind in ("skip", "notes") or "slides-verbatim" in cell.metadata.get("tags", []):
         return [cell]
     parts: list[list] = []            # [slide_type, [blocks]] in order
-    for block in (piece for block in markdown_blocks(cell.source) for piece in split_display_math(block)):
-        text = block.lstrip()
-        shown = SHOWN_BLOCK.match(text) or (BOLD_LEAD.match(text) and len(text) <= BOLD_LEAD_MAX_CHARS)
+    pieces = (piece for block in markdown_blocks(cell.source) for piece in split_display_math(block))
+    for shown, block in (part for piece in pieces for part in slide_and_notes(piece)):
         if not shown:
             part_type = "notes"
         elif block.startswith("#"):
@@ -151,20 +248,65 @@ def _markdown(cell, source: str, kind: str):
     return new
 
 
+def code_on_slide(cell) -> str:
+    """Where a code cell's code goes: "slide", "notes" or "nowhere" (its output stays)."""
+    tags = cell.metadata.get("tags", [])
+    if "slides-show-input" in tags:
+        return "slide"
+    if "slides-hide-input" in tags:
+        return "nowhere"
+    draws = any(key in out.get("data", {}) for out in cell.get("outputs", []) for key in IMAGE_TYPES)
+    if draws or PLOTTING.search(cell.source):
+        return "nowhere"                  # plotting code stays off the slides
+    lines = [line for line in cell.source.strip().splitlines() if line.strip()]
+    if lines and all(SHOW_SOURCE.match(line) for line in lines):
+        return "nowhere"                  # the engine's source is the output
+    return "notes" if len(lines) > MAX_CODE_LINES else "slide"
+
+
+def _shows_output(cell) -> bool:
+    return bool(cell.outputs) and "slides-hide-output" not in cell.metadata.get("tags", [])
+
+
+def code_cells(cell) -> list:
+    """One code cell -> cells for the deck: the cell (its code hidden where it does not
+    teach), and its code in the speaker notes when it is too long for a slide."""
+    cell.source = NBVAL_MARKER.sub("", cell.source)
+    # Log lines on stderr (profilers, progress bars) are noise on a
+    # projector; error outputs are kept, and the tests refuse them.
+    cell.outputs = [out for out in cell.outputs if not (out.output_type == "stream" and out.name == "stderr")]
+    where = code_on_slide(cell)
+    if where == "slide":
+        return [cell]
+    tags = cell.metadata.get("tags", [])
+    cell.metadata["tags"] = tags + ["slides-hide-input"] * ("slides-hide-input" not in tags)
+    notes = [_markdown(cell, f"The code of this slide:\n\n```python\n{cell.source}\n```", "notes")] \
+        if where == "notes" else []
+    if _shows_output(cell):
+        return [cell] + notes
+    # Nothing of it on a slide: a slide that it opened opens with what comes next.
+    return notes + ([_slide_start(slide_type(cell))] if slide_type(cell) in ("slide", "subslide") else [])
+
+
+def _slide_start(kind: str):
+    """A marker that hands a dropped cell's slide start to the next cell (see lecture_notebook)."""
+    return {"minillm_slide_start": kind}
+
+
 def lecture_notebook(nb):
     """The chapter as the deck shows it (a copy; the notebook is not changed)."""
     nb = copy.deepcopy(nb)
-    cells = []
+    cells, start = [], None
     for cell in nb.cells:
-        if cell.cell_type == "markdown":
-            cells.extend(digest_markdown(cell))
-        else:
-            cell.source = NBVAL_MARKER.sub("", cell.source)
-            # Log lines on stderr (profilers, progress bars) are noise on a
-            # projector; error outputs are kept, and the tests refuse them.
-            cell.outputs = [out for out in cell.outputs
-                            if not (out.output_type == "stream" and out.name == "stderr")]
-            cells.append(cell)
+        new = digest_markdown(cell) if cell.cell_type == "markdown" else code_cells(cell)
+        for item in new:
+            if isinstance(item, dict) and "minillm_slide_start" in item:
+                start = start or item["minillm_slide_start"]
+                continue
+            if start and slide_type(item) not in ("slide", "subslide", "skip", "notes"):
+                item.metadata["slideshow"] = {"slide_type": start}
+                start = None
+            cells.append(item)
     nb.cells = cells
     for i, cell in enumerate(nb.cells):
         cell.id = f"slide-cell-{i:03d}"

@@ -18,6 +18,11 @@ from ..sim.simulator import resolve_hardware, resolve_model
 
 PREFILL_COLOR = "#d62728"    # red: prompt tokens
 DECODE_COLOR = "#1f77b4"     # blue: decode tokens
+# Readable from the back of a room: a lecture deck shows a figure in a box of 1280x520
+# pixels of a 1280x720 slide (tools/slides.py), and every text of a figure this module
+# makes is at least MIN_TEXT_PX pixels tall there (a figure shown bigger reads bigger).
+SLIDE_BOX_PX = (1280, 520)
+MIN_TEXT_PX = 16.0
 
 
 def _new_axes(ax=None, figsize=(7.0, 3.2)):
@@ -27,6 +32,68 @@ def _new_axes(ax=None, figsize=(7.0, 3.2)):
     fig, ax = plt.subplots(figsize=figsize, layout="constrained")
     plt.close(fig)             # the caller displays it; pyplot keeps nothing
     return fig, ax
+
+
+def min_font_points(fig) -> float:
+    """The smallest font (points) that stays MIN_TEXT_PX tall when the figure is fitted
+    into a slide's figure box."""
+    width_in, height_in = fig.get_size_inches()
+    px_per_inch = min(SLIDE_BOX_PX[0] / width_in, SLIDE_BOX_PX[1] / height_in)
+    return MIN_TEXT_PX * 72.0 / px_per_inch
+
+
+def _wrap(text, width_pt: float) -> None:
+    """Let a title wrap at words when drawn (matplotlib's wrap: the text itself is not
+    changed), and note how many lines it will take in about `width_pt` points."""
+    import math
+    text.set_wrap(True)
+    chars = max(20, int(width_pt / (0.55 * text.get_fontsize())))
+    text._minillm_lines = sum(max(1, math.ceil(len(line) / chars)) for line in text.get_text().split("\n"))
+
+
+def readable(fig):
+    """Raise every text of the figure (tick labels, axis labels, titles, legends,
+    annotations) to min_font_points(fig), and wrap the titles to their width; returns the
+    figure. Used on the figures this module creates, never on a caller's axes."""
+    points = min_font_points(fig)
+    grow = lambda text: text.set_fontsize(max(text.get_fontsize(), points))
+    width_pt = fig.get_size_inches()[0] * 72
+    for ax in fig.axes:
+        ax.tick_params(which="both", labelsize=max(points, plt.rcParams["font.size"]))
+        for text in (ax.xaxis.label, ax.yaxis.label, ax.title, *ax.texts):
+            grow(text)
+        _wrap(ax.title, ax.get_position().width * width_pt)
+        legend = ax.get_legend()
+        if legend is not None:
+            for text in legend.get_texts():
+                grow(text)
+    for text in fig.texts:
+        grow(text)
+        _wrap(text, 0.96 * width_pt)
+    if fig.get_layout_engine() is None:
+        _make_room_for_titles(fig)
+    return fig
+
+
+def _lines_pt(text) -> float:
+    """Height (points) of a text's lines, estimated without drawing (the lab redraws often)."""
+    lines = getattr(text, "_minillm_lines", text.get_text().count("\n") + 1)
+    return lines * 1.25 * text.get_fontsize() if text.get_text() else 0.0
+
+
+def _make_room_for_titles(fig) -> None:
+    """In a figure laid out by hand (the lab's), lower the top of its grid so that the
+    suptitle and the top row's titles fit above it, however many lines they wrapped to."""
+    height_pt = fig.get_size_inches()[1] * 72
+    above = sum(_lines_pt(text) for text in fig.texts) + 8
+    for gridspec in {ax.get_subplotspec().get_gridspec() for ax in fig.axes if ax.get_subplotspec()}:
+        top_row = [ax for ax in fig.axes if ax.get_subplotspec() and ax.get_subplotspec().get_gridspec() is gridspec
+                   and ax.get_subplotspec().rowspan.start == 0]
+        titles = max((_lines_pt(ax.title) for ax in top_row), default=0.0)
+        gridspec.update(top=min(gridspec.top or 0.9, 1 - (above + titles + 6) / height_pt))
+        for ax in fig.axes:                   # update() moves only pyplot's figures' axes
+            if ax.get_subplotspec() and ax.get_subplotspec().get_gridspec() is gridspec:
+                ax.set_position(ax.get_subplotspec().get_position(fig))
 
 
 # ---------------------------------------------------------------------------
@@ -43,6 +110,7 @@ def plot_step_timeline(trace, ax=None, title=None, x: str = "step"):
     """
     check_choice("x", x, ("step", "time"))
     trace = list(trace)
+    created = ax is None
     fig, ax = _new_axes(ax)
     decode, prefill, edges = [], [], []
     if x == "step":
@@ -68,13 +136,13 @@ def plot_step_timeline(trace, ax=None, title=None, x: str = "step"):
         ax.stairs(top, edges, baseline=decode, fill=True, color=PREFILL_COLOR, label="prefill tokens")
         ax.vlines(edges[1:-1], 0, [max(a, b) for a, b in zip(top, top[1:])], colors="white",
                   linewidth=0.6)             # step boundaries: one LineCollection
-        ax.legend(loc="upper right", fontsize="small")
+        ax.legend(loc="best", fontsize="small")
     ax.set_ylabel("tokens in the step")
     if title is None:
         biggest = max((r.num_prefill_tokens for r in trace), default=0)
         title = f"{len(trace)} steps; the largest holds {biggest} prefill tokens"
     ax.set_title(title)
-    return fig
+    return readable(fig) if created else fig
 
 
 def plot_token_gaps(outputs, tag=None, ax=None, title=None, legend: bool = True):
@@ -85,25 +153,39 @@ def plot_token_gaps(outputs, tag=None, ax=None, title=None, legend: bool = True)
     have at least two tokens.
     """
     outputs = [o for o in outputs if (tag is None or o.tag == tag) and len(o.metrics.token_times) >= 2]
+    created = ax is None
     fig, ax = _new_axes(ax)
     worst = 0.0
+    # Streams whose gaps are the same (the usual case: every stream waits through the same
+    # steps) would be drawn on one line, the last one hiding the others: such a group is
+    # drawn as stripes, the first stream widest, each next one narrower on top of it.
+    groups: dict = {}
+    for o in outputs:
+        key = (tuple(round(t, 9) for t in o.metrics.token_times), tuple(round(g, 9) for g in o.metrics.itl))
+        groups.setdefault(key, []).append(o)
     for o in outputs:
         times = o.metrics.token_times
         gaps_ms = [g * 1e3 for g in o.metrics.itl]
         worst = max(worst, max(gaps_ms))
+        same = next(g for g in groups.values() if o in g)
+        layer = same.index(o)
+        label = f"request {o.request_id}"
+        if len(same) > 1:
+            label = (f"requests {same[0].request_id}-{same[-1].request_id}: the same gaps" if layer == 0
+                     else "_nolegend_")
         # steps-pre: each gap is drawn over the interval it lasted, so a stall
         # is a plateau, not a slope.
-        ax.plot(times[1:], gaps_ms, marker=".", markersize=3, linewidth=1, drawstyle="steps-pre",
-                label=f"request {o.request_id}")
+        ax.plot(times[1:], gaps_ms, marker="." if layer == len(same) - 1 else None, markersize=3,
+                linewidth=1.2 + 1.3 * (len(same) - 1 - layer), drawstyle="steps-pre", label=label)
     ax.set_xlabel("time the token came out (s)")
-    ax.set_ylabel("gap since previous token (ms)")
+    ax.set_ylabel("inter-token gap (ms)")
     if legend and 0 < len(outputs) <= 8:
-        ax.legend(loc="upper right", fontsize="small")
+        ax.legend(loc="best", fontsize="small")
     if title is None:
         title = (f"{len(outputs)} streams; the longest gap is {worst:.1f} ms" if outputs
                  else "no stream with two tokens to compare")
     ax.set_title(title)
-    return fig
+    return readable(fig) if created else fig
 
 
 # ---------------------------------------------------------------------------
@@ -113,6 +195,7 @@ def plot_chunk_sweep(rows, current=None, ax=None, itl_slo_ms=None, title=None):
     """TTFT of the long prompt and the decoders' mean TPOT, p99 and max ITL (ms)
     against chunk size (log axis); "off" (no chunking) as dotted lines; the
     current chunk size marked."""
+    created = ax is None
     fig, ax = _new_axes(ax)
     chunked = sorted((r for r in rows if r["chunk_size"] != "off"), key=lambda r: r["chunk_size"])
     off = next((r for r in rows if r["chunk_size"] == "off"), None)
@@ -143,7 +226,7 @@ def plot_chunk_sweep(rows, current=None, ax=None, itl_slo_ms=None, title=None):
     if title is None:
         title = "Chunk size trades the long prompt's TTFT for the streams' worst gap"
     ax.set_title(title, fontsize="medium")
-    return fig
+    return readable(fig) if created else fig
 
 
 def pick_chunk_size(rows, itl_slo_ms: float):
@@ -185,6 +268,7 @@ def plot_roofline(model="llama-3-8b", hardware="A100-80GB", dtype_bytes: int | N
     at their FLOPs/byte and the FLOP/s the cost model predicts for them."""
     import numpy as np
     cfg, hw = resolve_model(model), resolve_hardware(hardware)
+    created = ax is None
     fig, ax = _new_axes(ax, figsize=(7.0, 4.2))
     intensity = np.logspace(-1, 4, 200)
     ax.plot(intensity, np.minimum(hw.peak_flops_s, hw.mem_bandwidth_bytes_s * intensity) / 1e12,
@@ -196,14 +280,94 @@ def plot_roofline(model="llama-3-8b", hardware="A100-80GB", dtype_bytes: int | N
     points = roofline_points(cfg, hw, dtype_bytes)
     for label, x, y in points:
         color = DECODE_COLOR if label.startswith("decode") else PREFILL_COLOR
-        ax.scatter([x], [y / 1e12], color=color, zorder=3, s=18)
-        ax.annotate(label, (x, y / 1e12), textcoords="offset points", xytext=(4, -10), fontsize="x-small")
+        ax.scatter([x], [y / 1e12], color=color, zorder=3, s=24)
+        # decodes labelled above-left of their point, chunks below-right: the two kinds
+        # alternate along the line, and the big chunks sit on the flat roof side by side
+        above = label.startswith("decode")
+        ax.annotate(label, (x, y / 1e12), textcoords="offset points", xytext=(-6, 8) if above else (6, -6),
+                    ha="right" if above else "left", va="bottom" if above else "top", color=color)
     _log_log_axes(ax, "arithmetic intensity (FLOPs per byte)", "TFLOP/s (predicted for the step)",
                   legend_loc="lower right", legend_size="small")
     if title is None:
         title = (f"{cfg.name} on {hw.name}: decodes sit far left of the ridge ({hw.ridge_point:.0f} FLOPs/B),\n"
                  "chunks of a few hundred tokens reach it")
     ax.set_title(title, fontsize="small")
+    if created:
+        readable(fig)
+    spread_labels(ax)
+    return fig
+
+
+def spread_labels(ax, pad_px: float = 2.0, rounds: int = 200) -> None:
+    """Move the axes' annotations (those placed in offset points) apart until no two
+    overlap, one pair at a time, the upper one of the pair just clear of the lower one:
+    labels placed by hand collide once the fonts grow. Draws once; a move is a translation."""
+    from matplotlib.text import Annotation
+    fig = ax.figure
+    texts = [t for t in ax.texts if isinstance(t, Annotation) and t.anncoords == "offset points"]
+    if len(texts) < 2:
+        return
+    fig.draw_without_rendering()
+    boxes = [t.get_window_extent() for t in texts]
+    for _ in range(rounds):
+        pair = next(((i, j) for i in range(len(texts)) for j in range(i + 1, len(texts))
+                     if boxes[i].x0 < boxes[j].x1 + pad_px and boxes[j].x0 < boxes[i].x1 + pad_px
+                     and boxes[i].y0 < boxes[j].y1 + pad_px and boxes[j].y0 < boxes[i].y1 + pad_px), None)
+        if pair is None:
+            return
+        low, up = sorted(pair, key=lambda k: (boxes[k].y0, k))
+        lift_px = max(boxes[low].y1 + pad_px - boxes[up].y0, 1.0)
+        texts[up].xyann = (texts[up].xyann[0], texts[up].xyann[1] + lift_px * 72.0 / fig.dpi)
+        boxes[up] = boxes[up].translated(0, lift_px)
+
+
+def overlapping_texts(fig) -> list[tuple[str, str]]:
+    """Pairs of visible texts in one axes whose boxes overlap (for tests and for checking a figure)."""
+    fig.draw_without_rendering()
+    pairs = []
+    for ax in fig.axes:
+        texts = [t for t in ax.texts if t.get_visible() and t.get_text().strip()]
+        boxes = [t.get_window_extent() for t in texts]
+        pairs += [(texts[i].get_text(), texts[j].get_text()) for i in range(len(texts))
+                  for j in range(i + 1, len(texts)) if boxes[i].overlaps(boxes[j])]
+    return pairs
+
+
+LINE_STYLES = ("-", "--", "-.", ":", (0, (5, 1, 1, 1)), (0, (3, 1)))
+
+
+def plot_rooflines(profiles, points, title=None):
+    """Several devices' rooflines, each as the fraction of its own peak FLOP/s it can reach
+    against arithmetic intensity, and named steps (name -> FLOPs per byte) as vertical lines.
+
+    Lines that coincide stay visible (the A100-40GB's ridge, 200, sits on the H200's, 206):
+    each device has its own line style, the first drawn widest, and a dot on its ridge;
+    the steps' labels are stacked so that none overlaps another."""
+    import numpy as np
+    profiles = list(profiles)
+    if not profiles:
+        raise ValueError("profiles=[]: give at least one Hardware (e.g. list(minillm.hardware.PROFILES.values()))")
+    fig, ax = _new_axes(None, figsize=(8.0, 4.6))
+    x = np.logspace(-0.5, 4, 400)
+    widest = 1.2 + 0.9 * (len(profiles) - 1)
+    for i, hw in enumerate(profiles):
+        y = np.minimum(hw.peak_flops_s, hw.mem_bandwidth_bytes_s * x) / hw.peak_flops_s
+        line, = ax.plot(x, y, linestyle=LINE_STYLES[i % len(LINE_STYLES)], linewidth=widest - 0.9 * i,
+                        label=f"{hw.name.split(' (')[0]} (ridge {hw.ridge_point:.0f})", zorder=2 + i)
+        ax.plot([hw.ridge_point], [1.0], marker="o", markersize=6, color=line.get_color(), zorder=10)
+    for k, (name, value) in enumerate(sorted(points.items(), key=lambda item: item[1])):
+        ax.axvline(value, color="black", linewidth=0.7, zorder=1)
+        ax.annotate(name, (value, 1e-3), textcoords="offset points", xytext=(4, 6), ha="left", va="bottom",
+                    fontsize="small", bbox=dict(facecolor="white", edgecolor="none", pad=1.0, alpha=0.85))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_ylim(1e-3, 2)
+    ax.set_xlabel("arithmetic intensity (FLOP per byte)")
+    ax.set_ylabel("attainable fraction of peak FLOP/s")
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize="small")
+    ax.set_title(title or "Where each device's ridge sits, and the steps", fontsize="medium")
+    readable(fig)
+    spread_labels(ax)
     return fig
 
 
@@ -223,6 +387,7 @@ def plot_op_fidelity(profile, ops=("qkv_proj", "mlp_down_proj"), hardware=None, 
     if not hasattr(profile, "times_s"):
         profile = load_gpu_op_profile(profile)
     errors = linear_op_errors(profile, hardware, ops)
+    created = ax is None
     fig, ax = _new_axes(ax)
     worst = []
     for op, color in zip(ops, ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728")):
@@ -236,7 +401,7 @@ def plot_op_fidelity(profile, ops=("qkv_proj", "mlp_down_proj"), hardware=None, 
         title = (f"{profile.cfg.name} on {profile.hardware}: median |error| "
                  + ", ".join(f"{op} {w:.0%}" for op, w in zip(ops, worst)))
     ax.set_title(title, fontsize="small")
-    return fig
+    return readable(fig) if created else fig
 
 
 def plot_step_fidelity(rows, ax=None, title=None):
@@ -245,6 +410,7 @@ def plot_step_fidelity(rows, ax=None, title=None):
     rows = list(rows)
     if not rows:
         raise ValueError("rows=[]: nothing to plot; pass run_cpu_fidelity(...)['rows']")
+    created = ax is None
     fig, ax = _new_axes(ax, figsize=(4.8, 4.2))
     measured = [r[3] * 1e3 for r in rows]
     predicted = [r[4] * 1e3 for r in rows]
@@ -259,7 +425,7 @@ def plot_step_fidelity(rows, ax=None, title=None):
         errors = [abs(p - m) / m for m, p in zip(measured, predicted)]
         title = f"{len(rows)} steps: median |error| {percentile(errors, 50):.0%}"
     ax.set_title(title, fontsize="small")
-    return fig
+    return readable(fig) if created else fig
 
 
 
@@ -290,15 +456,13 @@ def plot_interference_lab(trace, outputs, rows, current_chunk, itl_slo_ms, probe
                           stream_tag, worst_gap_s, title, fig=None):
     """Step timeline and the streams' token gaps zoomed on the probe prompt's life
     (probe = (arrival, first token) in s), and the chunk sweep below."""
-    fig, axes = _lab_canvas(fig, (12, 7), [["timeline", "gaps"], ["sweep", "sweep"]],
-                            left=0.06, right=0.98, bottom=0.08, top=0.9, hspace=0.4, wspace=0.18)
+    fig, axes = _lab_canvas(fig, (10.5, 6.4), [["timeline", "gaps"], ["sweep", "sweep"]],
+                            left=0.08, right=0.98, bottom=0.09, top=0.8, hspace=0.75, wspace=0.22)
     what = "no chunking" if current_chunk == "off" else f"chunk {current_chunk}"
     plot_step_timeline(trace, ax=axes["timeline"], x="time",
-                       title=f"Steps over time ({what}): the longest takes "
-                             f"{max(r.duration for r in trace) * 1e3:.0f} ms")
+                       title=f"Steps ({what}): longest {max(r.duration for r in trace) * 1e3:.0f} ms")
     plot_token_gaps(outputs, tag=stream_tag, ax=axes["gaps"], legend=False,
-                    title=f"{num_streams} streams' token gaps around the long prompt: worst "
-                          f"{worst_gap_s * 1e3:.1f} ms")
+                    title=f"{num_streams} streams' gaps: worst {worst_gap_s * 1e3:.1f} ms")
     t0, t1 = probe
     pad = max(t1 - t0, 1e-6)
     axes["timeline"].set_xlim((t0 - 0.25 * pad) * 1e3, (t1 + 0.5 * pad) * 1e3)
@@ -306,7 +470,7 @@ def plot_interference_lab(trace, outputs, rows, current_chunk, itl_slo_ms, probe
     plot_chunk_sweep(rows, current=current_chunk, ax=axes["sweep"], itl_slo_ms=itl_slo_ms)
     fig.suptitle(title, fontsize="medium")
     _pin_titles(fig)
-    return fig
+    return readable(fig)
 
 
 def plot_stall_pair(runs, stream_tag, probe_tag, title):
@@ -326,7 +490,7 @@ def plot_stall_pair(runs, stream_tag, probe_tag, title):
         row[0].set_xlim((t0 - 0.25 * pad) * 1e3, (t1 + 0.5 * pad) * 1e3)
         row[1].set_xlim(t0 - 0.25 * pad, t1 + 0.5 * pad)
     fig.suptitle(title)
-    return fig
+    return readable(fig)
 
 
 _POLICY_STYLE = {"chunked": ("#1f77b4", "o", "-"), "chunked_prefill_first": ("#ff7f0e", "s", "-"),
@@ -344,7 +508,7 @@ def plot_load_lab(rows, capacity_rows, current_chunk, current_policy, rate_per_s
     The current setting is marked on both."""
     policy_labels = policy_labels or {}
     fig, axes = _lab_canvas(fig, (12, 4.6), [["latency", "capacity"]],
-                            left=0.06, right=0.98, bottom=0.13, top=0.84, wspace=0.2)
+                            left=0.08, right=0.98, bottom=0.13, top=0.74, wspace=0.2)
     ax = axes["latency"]
     chunked = sorted((r for r in rows if r["chunk_size"] != "off"), key=lambda r: r["chunk_size"])
     off = next((r for r in rows if r["chunk_size"] == "off"), None)
@@ -395,7 +559,7 @@ def plot_load_lab(rows, capacity_rows, current_chunk, current_policy, rate_per_s
                      f"{top['capacity_req_s']:.2f} req/s", fontsize="small")
     _pin_titles(fig)
     mark_load_lab_setting(fig, capacity_rows, current_chunk, current_policy, title)
-    return fig
+    return readable(fig)
 
 
 CURRENT_SETTING = "lab-current-setting"     # gid of the artists that move with the setting
@@ -420,7 +584,9 @@ def mark_load_lab_setting(fig, capacity_rows, current_chunk, current_policy, tit
                                          edgecolors="black", linewidths=2, zorder=4))
     elif here is not None:
         marks.append(capacity_ax.axhline(here["capacity_req_s"], color="black", linewidth=3, alpha=0.25))
-    marks.append(fig.suptitle(title, fontsize="small"))
+    suptitle = fig.suptitle(title, fontsize=max(min_font_points(fig), 8.0))
+    _wrap(suptitle, 0.96 * fig.get_size_inches()[0] * 72)
+    marks.append(suptitle)
     for artist in marks:
         artist.set_gid(CURRENT_SETTING)
     return marks
