@@ -130,7 +130,7 @@ def append_slot(block_table, num_tokens, ref_counts, free_blocks, block_size):
 ex.check_append_slot(append_slot)  # points: 3
 
 # %% [markdown]
-# ## 4. Predict, then measure: what the cache saves, and what a preemption costs
+# ## 4. Predict, then measure: tokens through the model
 #
 # Chapter 3, section 1 compares recomputing against caching; section 5 describes what an
 # engine does when the cache runs out: it **preempts** a request (vLLM's recompute

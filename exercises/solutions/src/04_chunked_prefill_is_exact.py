@@ -139,7 +139,7 @@ def packed_chunked_prefill(model, prompts, chunk_size, block_size=16):
 ex.check_packed_chunked_prefill(packed_chunked_prefill)  # points: 3
 
 # %% [markdown]
-# ## 4. Predict, then measure: the work and the re-reads of a chunked prefill
+# ## 4. Predict, then measure: the work of a chunked prefill
 #
 # Chapter 4 argues that chunking cannot change the KV. What does it change in the work?
 # `chunked_prefill_work(num_tokens, chunk_size)` returns your **predicted** pair

@@ -107,10 +107,10 @@ def decodes_to_ridge(cfg, context_len, ridge_point, dtype_bytes=2):
 
 # %%
 ex.check_decodes_to_ridge(decodes_to_ridge)  # points: 3
-from minillm.sim.accounting import step_cost      # the measurement, after the prediction
-from minillm.sim.hardware import get_hardware
+import minillm                                    # the measurement, after the prediction: chapter 5's accounting
 
-ridge = get_hardware("A100-80GB").ridge_point
+step_cost = minillm.accounting.step_cost
+ridge = minillm.hardware.get_hardware("A100-80GB").ridge_point
 for context_len in (128, 512, 1024):
     batch = decodes_to_ridge(cfg, context_len, ridge)
     if batch is None:
