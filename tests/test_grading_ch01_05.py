@@ -608,6 +608,8 @@ CASES = {
         ("one_flop_per_mac", lambda cfg, n, c, w=None: layer_flops(cfg, n, c, w, mac=1), "2*M*N*K"),
         ("kv_heads_in_attention", lambda cfg, n, c, w=None: layer_flops(cfg, n, c, w, heads=lambda cfg: cfg.num_kv_heads),
          "QUERY head"),
+        ("k_and_v_projected_to_q_size", lambda cfg, n, c, w=None: layer_flops(cfg, n, c, w)
+         + 4 * n * cfg.hidden_size * (cfg.q_size - cfg.kv_size), "kv_size"),
     ]),
     "check_decodes_to_ridge": (decodes_to_ridge, [
         ("engine_search", lambda cfg, c, r, d=2: next(b for b in range(1, 10**4) if minillm.sim.accounting.step_cost(
@@ -920,10 +922,12 @@ def test_chapter_4s_prediction_of_a_zero_count_is_not_a_division_by_zero():
     assert "the engine counts 0" in message and "1 too many" in message and "%" not in message
 
 
-def test_chapter_5s_grouped_query_mistake_is_named_on_a_window_case_too():
-    message = _message(ex.check_layer_flops, CASES["check_layer_flops"][1][-1][1])
-    assert "window" in message.lower() or "4096" in message
-    assert "QUERY head" in message
+@pytest.mark.parametrize("mistake, says", [("kv_heads_in_attention", "QUERY head"),
+                                            ("k_and_v_projected_to_q_size", "kv_size")])
+def test_chapter_5s_grouped_query_mistakes_are_named_on_a_window_case_too(mistake, says):
+    fn = dict((name, fn) for name, fn, _ in CASES["check_layer_flops"][1])[mistake]
+    message = _message(ex.check_layer_flops, fn)
+    assert ", 4096)" in message and says in message          # the first case: Mistral-7B's window of 4096
 
 
 def test_the_grade_counts_say_how_far_off_without_a_percentage():

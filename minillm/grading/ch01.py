@@ -453,7 +453,8 @@ def _fraction_mistake(got: float, num_tokens: int, chunk_size: int) -> str:
         if full and close(sum(m for _, m, _ in full) / sum(c for _, _, c in full)):
             return (f"you leave out the last chunk: {num_tokens} tokens in chunks of {chunk_size} end with a "
                     f"chunk of {counts[-1][0]}, and its scores count too")
-        masked_full = chunk_size * (chunk_size - 1) // 2
+        full_chunk = causal_mask(chunk_size, chunk_size)            # what a whole chunk's square masks
+        masked_full = int((~full_chunk).sum())
         as_full = [(masked_full, chunk_size * (start + chunk_size)) for start in range(0, num_tokens, chunk_size)]
         if close(sum(m for m, _ in as_full) / sum(c for _, c in as_full)):
             return (f"you treat every chunk as {chunk_size} tokens long; the last one holds the remainder, "
