@@ -307,6 +307,19 @@ def _nan_message(parts, n: int) -> str:
             "times 0 is still NaN")
 
 
+def _merged(got, where: str, want_out, want_lse, parts, n: int):
+    """The learner's (out, lse): a pair of tensors of the right shapes, without NaN."""
+    if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
+        fail(f"{where}: return a pair of tensors (out, lse)")
+    out, lse = got
+    if tuple(out.shape) != tuple(want_out.shape) or tuple(lse.shape) != tuple(want_lse.shape):
+        fail(f"{where}: shapes {tuple(out.shape)}, {tuple(lse.shape)}; expected "
+             f"{tuple(want_out.shape)}, {tuple(want_lse.shape)}")
+    if torch.isnan(out).any() or torch.isnan(lse).any():
+        fail(f"{where}: your out has NaN{_nan_message(parts, n)}")
+    return out, lse
+
+
 @checker
 def check_merge_attention(fn, trials: int = 20, seed: int | None = None):
     """fn(out_a, lse_a, out_b, lse_b) -> (out, lse) over the union of the two key sets.
@@ -342,14 +355,7 @@ def check_merge_attention(fn, trials: int = 20, seed: int | None = None):
         call = call_text(fn, out_a, lse_a, out_b, lse_b)
         got = learner_call(fn, out_a.clone(), lse_a.clone(), out_b.clone(), lse_b.clone(), forbidden=_MERGE,
                            why="combine the two parts with their log-sum-exps yourself.")
-        if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
-            fail(f"{call} must return a pair of tensors (out, lse)")
-        out, lse = got
-        if tuple(out.shape) != tuple(want_out.shape) or tuple(lse.shape) != tuple(want_lse.shape):
-            fail(f"{call} ({where}): shapes {tuple(out.shape)}, {tuple(lse.shape)}; expected "
-                 f"{tuple(want_out.shape)}, {tuple(want_lse.shape)}")
-        if torch.isnan(out).any() or torch.isnan(lse).any():
-            fail(f"{call} ({where}): your out has NaN{_nan_message(parts, n)}")
+        out, lse = _merged(got, f"{call} ({where})", want_out, want_lse, parts, n)
         if not torch.allclose(lse, want_lse, atol=1e-9, rtol=0):
             hint = "the new log-sum-exp is the log of the sum of both parts' exp-sums"
             if torch.allclose(lse, torch.maximum(lse_a, lse_b)):
@@ -394,14 +400,7 @@ def check_merge_parts(fn, trials: int = 12, seed: int | None = None):
         got = learner_call(fn, [(o.clone(), l.clone()) for o, l in parts], forbidden=_MERGE,
                            why="this task is the merge of ANY number of parts, some of them empty for some "
                                "rows: write it yourself.")
-        if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
-            fail(f"{call}, {where}: return a pair of tensors (out, lse)")
-        out, lse = got
-        if tuple(out.shape) != tuple(want_out.shape) or tuple(lse.shape) != tuple(want_lse.shape):
-            fail(f"{call}, {where}: shapes {tuple(out.shape)}, {tuple(lse.shape)}; expected "
-                 f"{tuple(want_out.shape)}, {tuple(want_lse.shape)}")
-        if torch.isnan(out).any() or torch.isnan(lse).any():
-            fail(f"{call}, {where}: your out has NaN{_nan_message(parts, n)}")
+        out, lse = _merged(got, f"{call}, {where}", want_out, want_lse, parts, n)
         if not torch.allclose(lse, want_lse, atol=1e-9, rtol=0):
             hint = ("lse overflows for scores near 800: subtract the maximum before exp" if not torch.isfinite(lse).all()
                     else "the union's log-sum-exp is the log of the sum of every part's exp-sum")
