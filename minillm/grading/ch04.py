@@ -163,18 +163,17 @@ def _forward_changed(model, change, first_chunk_too: bool = False):
         del model.forward
 
 
-def _buggy(name: str, context):
-    """A chunked prefill: the engine's prefill_kv (reference backend) inside `context(model, token_ids)`."""
+def _buggy(context, backend: str | None = "reference"):
+    """A chunked prefill: the engine's prefill_kv inside `context(model, token_ids)`. Every bug (and the
+    exact prefill) is a function of the same name and shape: the learner's tool can only measure it."""
     def chunked_prefill(model, token_ids, chunk_size):
         with context(model, token_ids):
-            return prefill_kv(model, token_ids, chunk_size=chunk_size, backend="reference")[0]
-    chunked_prefill.bug = name          # for the tests and the messages; the learner's tool must not need it
+            return prefill_kv(model, token_ids, chunk_size=chunk_size, backend=backend)[0]
     return chunked_prefill
 
 
-def _exact(model, token_ids, chunk_size):
-    """The engine's chunked prefill itself (its default backend: sums in another order than one pass)."""
-    return prefill_kv(model, token_ids, chunk_size=chunk_size)[0]
+# The engine's chunked prefill itself, its default backend: sums in another order than one pass.
+_exact = _buggy(lambda model, token_ids: contextlib.nullcontext(), backend=None)
 
 
 def _v_written_late(model, token_ids):
@@ -209,13 +208,13 @@ def _keys_to_prompt_end(model, token_ids):
 #   keys to the prompt's end   layer 1, from position 0 (the first chunk already reads unwritten slots)
 BUGS = {
     "exact": (_exact, lambda c: None),
-    "positions restart": (_buggy("positions restart", lambda m, t: _forward_changed(
+    "positions restart": (_buggy(lambda m, t: _forward_changed(
         m, lambda ids, pos, batch: (ids, pos - pos[0], batch))), lambda c: (0, "K", c)),
-    "token ids off by one": (_buggy("token ids off by one", lambda m, t: _forward_changed(
+    "token ids off by one": (_buggy(lambda m, t: _forward_changed(
         m, lambda ids, pos, batch: ((ids + 1) % m.cfg.vocab_size, pos, batch))), lambda c: (0, "both", c)),
-    "V written late": (_buggy("V written late", _v_written_late), lambda c: (0, "V", c)),
-    "top-left mask": (_buggy("top-left mask", _top_left), lambda c: (1, "both", c)),
-    "keys to the prompt's end": (_buggy("keys to the prompt's end", _keys_to_prompt_end), lambda c: (1, "both", 0)),
+    "V written late": (_buggy(_v_written_late), lambda c: (0, "V", c)),
+    "top-left mask": (_buggy(_top_left), lambda c: (1, "both", c)),
+    "keys to the prompt's end": (_buggy(_keys_to_prompt_end), lambda c: (1, "both", 0)),
 }
 
 

@@ -23,11 +23,13 @@ HIDDEN = {
 }
 
 
-def _last_chunk_positions(model, token_ids):
+def _last_chunk_positions(chunk_size: int):
     """Only the last chunk's positions restart (the bug shows late in the prompt)."""
-    last_start = (len(token_ids) - 1) // _last_chunk_positions.chunk_size * _last_chunk_positions.chunk_size
-    return ch04._forward_changed(model, lambda ids, pos, batch: (ids, pos - pos[0], batch)
-                                 if int(pos[0]) == last_start else (ids, pos, batch))
+    def context(model, token_ids):
+        last_start = (len(token_ids) - 1) // chunk_size * chunk_size
+        return ch04._forward_changed(model, lambda ids, pos, batch: (ids, pos - pos[0], batch)
+                                     if int(pos[0]) == last_start else (ids, pos, batch))
+    return context
 
 
 def _layer1_value_bug(model, token_ids):
@@ -56,10 +58,9 @@ def hidden_check_locate_bug(fn) -> None:
     """Bugs the public check never shows, where they first show measured with the reference locator."""
     rng = random.Random(39_419)
     model = ch04._check_model(rng)
-    for name, context, chunk_size in (("last chunk's positions", _last_chunk_positions, 16),
+    for name, context, chunk_size in (("last chunk's positions", _last_chunk_positions(16), 16),
                                       ("layer 1's V rows shifted", _layer1_value_bug, 8)):
-        _last_chunk_positions.chunk_size = chunk_size
-        prefill = ch04._buggy(name, context)
+        prefill = ch04._buggy(context)
         tokens = [rng.randrange(model.cfg.vocab_size) for _ in range(rng.randint(50, 80))]
         want = ref.locate_bug(prefill, model, tokens, chunk_size)
         got = learner_call(fn, prefill, model, list(tokens), chunk_size)
