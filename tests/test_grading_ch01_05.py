@@ -342,9 +342,11 @@ def _layer_weights(cfg):
         + 3 * cfg.hidden_size * cfg.intermediate_size
 
 
-def decodes_to_ridge(cfg, context_len, ridge_point, dtype_bytes=2, kv_read=True, lm_head=True, largest=None):
+def decodes_to_ridge(cfg, context_len, ridge_point, dtype_bytes=2, kv_read=True, lm_head=True, largest=None,
+                     embedding=False):
     from fractions import Fraction
-    weights = (cfg.num_layers * _layer_weights(cfg) + lm_head * cfg.hidden_size * cfg.vocab_size) * dtype_bytes
+    weights = (cfg.num_layers * _layer_weights(cfg) + (lm_head + embedding) * cfg.hidden_size * cfg.vocab_size) \
+        * dtype_bytes
     flops = cfg.num_layers * layer_flops(cfg, 1, context_len) + lm_head * 2 * cfg.hidden_size * cfg.vocab_size
     per_decode = (context_len * kv_read + 1) * 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
     ridge = Fraction(ridge_point)
@@ -617,6 +619,7 @@ CASES = {
         ("lifted_step_cost", _lifted_step_cost_search, "decodes reach it"),
         ("no_kv_read", lambda cfg, c, r, d=2: decodes_to_ridge(cfg, c, r, d, kv_read=False), "KV cache each decode reads"),
         ("no_lm_head", lambda cfg, c, r, d=2: decodes_to_ridge(cfg, c, r, d, lm_head=False), "LM head"),
+        ("embedding_streamed", lambda cfg, c, r, d=2: decodes_to_ridge(cfg, c, r, d, embedding=True), "input embedding"),
         ("query_heads", lambda cfg, c, r, d=2: decodes_to_ridge(ModelConfig(
             name=cfg.name, vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
             num_layers=cfg.num_layers, num_heads=cfg.num_heads, num_kv_heads=cfg.num_heads, head_dim=cfg.head_dim), c, r, d),

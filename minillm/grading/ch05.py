@@ -215,8 +215,12 @@ def _ridge_mistake(got, cfg, context_len, ridge_point, dtype_bytes, want) -> str
     if want is not None and got is None:
         return (f"{want:,} decodes reach it: as the batch grows the intensity approaches {limit:.2f} FLOP/byte, "
                 f"above the ridge point {ridge_point:.2f}")
+    flops_, per_step, per_decode_ = terms
     variants = [(decode_batch_terms(cfg, context_len, dtype_bytes, kv_read=False),
                  "you leave out the KV cache each decode reads (its whole context, every step)"),
+                ((flops_, per_step + cfg.hidden_size * cfg.vocab_size * dtype_bytes, per_decode_),
+                 "you read the input embedding too: a step gathers one row of it per token, it does not "
+                 "stream the matrix (only the LM head's copy is read whole)"),
                 (decode_batch_terms(cfg, context_len, dtype_bytes, lm_head=False),
                  "you leave out the LM head: its weights are read once per step, its FLOPs paid per decode"),
                 (decode_batch_terms(cfg.replace(num_kv_heads=cfg.num_heads), context_len, dtype_bytes),
