@@ -244,9 +244,14 @@ MODULES = ("embed_tokens", "input_layernorm", "q_proj", "k_proj", "v_proj", "o_p
 
 def measured_parameter_counts(cfg: ModelConfig) -> dict[str, int]:
     """Build the engine's model for cfg on the meta device (no memory) and count its parameters per
-    module name (q_proj, k_proj, ...: weights and biases, summed over the layers)."""
+    module name (q_proj, k_proj, ...: weights and biases, summed over the layers). The layers' random
+    init is skipped: it changes no shape, and on the meta device its first call imports torch's
+    decompositions (seconds)."""
+    from unittest import mock
     from ..model import LlamaModel
-    with torch.device("meta"):
+    skip = lambda module: None
+    with mock.patch.object(torch.nn.Linear, "reset_parameters", skip), \
+            mock.patch.object(torch.nn.Embedding, "reset_parameters", skip), torch.device("meta"):
         model = LlamaModel(cfg)
     counts = dict.fromkeys(MODULES, 0)
     for name, parameter in model.named_parameters():       # a tied LM head is the embedding: listed once
