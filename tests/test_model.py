@@ -162,25 +162,3 @@ def test_bad_step_shape_is_a_value_error_naming_it():
         prepare_step(model, [(0, 3)])
 
 
-# ---- the chapter-2 exercise checkers refuse the engine and reject classic mistakes ----
-def test_chapter2_checkers_refuse_the_engine_and_reject_tiled_kv_heads():
-    import torch.nn.functional as F
-    from minillm.attention import _expand_kv_heads
-    from minillm.grading import check_repeat_kv, check_rms_norm, check_rope, check_swiglu
-
-    def rope(x, positions, theta):
-        cfg = SMALL.replace(head_dim=x.shape[-1], rope_theta=theta)
-        return apply_rope(x, *rope_cos_sin(cfg, positions, x.dtype))
-
-    check_rms_norm(lambda x, w, eps: w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps), seed=0)
-    # the engine's own functions are refused while a check runs (correct answers:
-    # tests/test_grading_shortcuts.py)
-    with pytest.raises(AssertionError, match="engine's own answer"):
-        check_rope(rope, seed=0)
-    with pytest.raises(AssertionError, match="engine's own answer"):
-        check_repeat_kv(_expand_kv_heads, seed=0)
-    check_swiglu(lambda x, g, u, d: (F.silu(x @ g.T) * (x @ u.T)) @ d.T, seed=0)
-    with pytest.raises(AssertionError, match="tiled"):
-        check_repeat_kv(lambda k, h: k.repeat(1, h // k.shape[1], 1), seed=0)
-    with pytest.raises(AssertionError):
-        check_rms_norm(lambda x, w, eps: w * (x - x.mean(-1, keepdim=True)) / x.std(-1, keepdim=True), seed=0)

@@ -5,8 +5,7 @@ any file; its public checkers import nothing it leaves out; its exercise noteboo
 the release's own minillm, to their stubs (NotImplementedError, never an ImportError).
 
 Cost: writing the tree and the static checks take about 2 s; the notebooks run in ONE kernel,
-one after the other (`%reset -f` between them), about 40-70 s on 2 cores once every checker
-imports (while chapters 3-10's checkers import _reference, the first cell stops them: ~5 s).
+one after the other (`%reset -f` between them), about 30-70 s on 2 cores.
 """
 import ast
 import json
@@ -24,22 +23,6 @@ from minillm.grading import release
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted((ROOT / "exercises" / "solutions" / "src").glob("*.py"))
 CHECKERS = sorted((ROOT / "minillm" / "grading").glob("ch*.py"))
-# Issue 41's layout, which other branches are bringing in: these chapters' public checkers still
-# import minillm/grading/_reference (a release leaves it out, so `import minillm.grading` fails
-# there), chapter 1's computes check_masked_fraction's expected value with the answer's own
-# loop, and chapter 4's holds the multiple-choice answer. Strict: the lead removes each entry
-# once the converted checkers are merged.
-STILL_IMPORT_REFERENCE = ("ch03", "ch04", "ch05")
-STILL_HOLD_A_SOLUTION = {"01_causal_attention": "minillm/grading/ch01.py computes check_masked_fraction's expected "
-                                                 "value with the solution's own loop"}
-STILL_HOLD_A_CONSTANT = {"04_chunked_prefill_is_exact": "minillm/grading/ch04.py holds the layer-0 question's "
-                                                        "answer as a dict (_LAYER0)"}
-
-
-def _xfail_if(condition: bool, reason: str):
-    return pytest.mark.xfail(condition, reason=reason, strict=True)
-
-
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("student-release")
@@ -103,9 +86,7 @@ def test_make_lab_resolves_in_the_release_and_the_teacher_targets_say_why_they_a
 
 
 @pytest.mark.parametrize("src", SOURCES, ids=lambda p: p.stem)
-def test_no_released_file_holds_a_solution_block(tree, src, request):
-    if src.stem in STILL_HOLD_A_SOLUTION:
-        request.applymarker(_xfail_if(True, STILL_HOLD_A_SOLUTION[src.stem]))
+def test_no_released_file_holds_a_solution_block(tree, src):
     blocks = _solution_blocks(src)
     assert blocks, f"{src.name}: no solution block of two lines or more"
     texts = {name: "\n".join(_normalised(text)) for name, text in _released_texts(tree).items()}
@@ -141,9 +122,7 @@ CONSTANT_ANSWERS = [src for src in SOURCES if _literal_answers(src)]
 
 
 @pytest.mark.parametrize("src", CONSTANT_ANSWERS, ids=lambda p: p.stem)
-def test_no_released_module_holds_an_answer_constant(tree, src, request):
-    if src.stem in STILL_HOLD_A_CONSTANT:
-        request.applymarker(_xfail_if(True, STILL_HOLD_A_CONSTANT[src.stem]))
+def test_no_released_module_holds_an_answer_constant(tree, src):
     answers = _literal_answers(src)
     for path in sorted(tree.rglob("*.py")):
         held = [value for value in _literals(path) if any(value == answer for answer in answers)]
@@ -166,15 +145,11 @@ def _imports(path: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("checker", CHECKERS, ids=lambda p: p.stem)
-def test_a_public_checker_imports_nothing_the_release_leaves_out(checker, request):
-    if checker.stem in STILL_IMPORT_REFERENCE:
-        request.applymarker(_xfail_if(True, f"{checker.stem}.py still imports minillm.grading._reference"))
+def test_a_public_checker_imports_nothing_the_release_leaves_out(checker):
     bad = sorted(m for m in _imports(checker) if "._reference" in m or "._hidden" in m)
     assert not bad, f"{checker.name} imports {bad}: a student release has neither"
 
 
-@_xfail_if(bool(STILL_IMPORT_REFERENCE), "the checkers of chapters " + ", ".join(c[2:] for c in STILL_IMPORT_REFERENCE)
-           + " import minillm.grading._reference, so `import minillm.grading as ex` fails in a release")
 def test_the_release_exercise_notebooks_run_from_the_release_to_their_stubs(tree):
     from nbclient import NotebookClient
 

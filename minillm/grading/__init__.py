@@ -18,7 +18,12 @@ Layout
                                    then measure" answer against the measurement).
     minillm/grading/_reference/    reference solutions and engine-driven expected
                                    values (private: never re-exported here, never
-                                   imported by an exercise notebook).
+                                   imported by an exercise notebook nor, from issue
+                                   39 on, by chapters 1-5's public checkers).
+    minillm/grading/_hidden/       teacher-only cases per checker: HIDDEN =
+                                   {check_name: [kwargs, ...]} (other seeds) and
+                                   hidden_check_name(fn) (the reference answers on
+                                   shapes the public check does not try).
     minillm/grading/grade.py       `python -m minillm grade [notebook or folder]`.
     This package exports only the `check_*` functions of the chNN modules.
 
@@ -71,8 +76,8 @@ An exercise notebook (source: exercises/solutions/src/NN_topic.py)
     grade_id = the checker, points = P).
 
 Tests
-    tests/test_grading_shortcuts.py (chapters 1-4, and the shared machinery) and
-    tests/test_grading_ch05_08.py list, per checker, a correct answer and
+    tests/test_grading_shortcuts.py (the shared machinery), tests/test_grading_ch01_05.py,
+    tests/test_grading_ch06_10.py and tests/test_grading_ch09.py list, per checker, a correct answer and
     shortcut attempts (the engine's own function, skipping the method, a
     hard-coded value for the default inputs, a wrong-but-close variant, the
     chapter's printed code on a transfer task); each must fail with a message

@@ -345,3 +345,61 @@ def grade_prediction(name: str, predicted, measured: float, rel_tol: float, why:
         fail(f"{name}: you predicted {predicted:,.6g}{unit}, the engine measures {measured:,.6g}{unit}, "
              f"{error * 100:.3g}% off (allowed: {allowed}){': ' + why if why else ''}")
     return error
+
+
+# ---------------------------------------------------------------------------
+# Added for issue 39 (chapters 1-5): exact counts, and K/V copies watched
+# ---------------------------------------------------------------------------
+def grade_count(name: str, predicted, measured: int, why: str = "", unit: str = "") -> None:
+    """A "predict, then measure" answer that is an exact count (tolerance 0): fails naming both
+    counts and their difference, never a percentage (a measured count may be 0, and a relative
+    error against 0 is a division by zero: "6.4e+303% off")."""
+    if isinstance(predicted, torch.Tensor) and predicted.numel() == 1:
+        predicted = predicted.item()
+    if isinstance(predicted, float) and predicted.is_integer():
+        predicted = int(predicted)
+    if isinstance(predicted, bool) or not isinstance(predicted, int):
+        fail(f"{name}: your prediction is {show(predicted)}; expected a whole number{unit}")
+    if predicted != measured:
+        difference = predicted - measured
+        fail(f"{name}: you predicted {predicted:,}{unit}, the engine counts {measured:,}{unit} "
+             f"({abs(difference):,} too {'many' if difference > 0 else 'few'})"
+             f"{': ' + why if why else ''}")
+
+
+_GROWING_OPS = ("repeat_interleave", "repeat", "expand", "expand_as", "tile", "broadcast_to",
+                "index_select", "__getitem__", "gather", "cat", "stack", "concat", "concatenate")
+
+
+@contextlib.contextmanager
+def watch_copies(*tensors: torch.Tensor):
+    """Record the torch calls that turn one of `tensors` into a LARGER tensor (a repeat, an
+    expand, a gather, a concatenation of it with itself...): a grouped-query attention that
+    copies K or V to every query head shows up here; one that folds the query heads does not.
+    Yields the list of (op name, input shape, output shape) found."""
+    from torch.overrides import TorchFunctionMode
+
+    watched = {t.data_ptr() for t in tensors}
+    found: list[tuple[str, tuple, tuple]] = []
+
+    def touches(value) -> torch.Tensor | None:
+        if isinstance(value, torch.Tensor) and value.numel() and value.data_ptr() in watched:
+            return value
+        if isinstance(value, (list, tuple)):
+            return next((t for t in map(touches, value) if t is not None), None)
+        return None
+
+    class Watch(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = getattr(func, "__name__", str(func))
+            if name in _GROWING_OPS and isinstance(out, torch.Tensor):
+                source = touches(list(args))
+                if source is None:
+                    source = touches(list((kwargs or {}).values()))
+                if source is not None and out.numel() > source.numel():
+                    found.append((name, tuple(source.shape), tuple(out.shape)))
+            return out
+
+    with Watch():
+        yield found

@@ -1,44 +1,35 @@
-"""Checkers for chapter 2 (the model): RMSNorm, GQA heads, SwiGLU, RoPE, then
-two tasks past the chapter's printed code: moving cached keys to new positions
-(RoPE's rotations compose) and predicting a model's parameter count before the
-engine builds the model and counts.
+"""Checkers for chapter 2 (the model): RoPE (a warm-up), grouped-query scores computed
+without copying K (a debug task: a fold of the query heads that pairs them with the wrong KV
+head), cached keys repaired to new positions (RoPE's rotations compose: the raw keys are
+gone), and a prediction of every module's parameter count before the engine builds the
+model and counts.
 
-Each compares the learner's function with the engine's layer (minillm.model)
-on fixed random inputs in float64 and names the likely mistake.
+Expected values come from the engine (minillm.model's RoPE, the attention module's head
+expansion, the model built on the meta device and counted), computed before the learner's
+function runs with those functions switched off; the messages name the likely mistake.
+Teacher-only cases: minillm/grading/_hidden/ch02.py.
 """
 from __future__ import annotations
 
+import math
 import random
 
 import torch
 
 from ..attention import _expand_kv_heads
 from ..config import ModelConfig
-from ..model import MLP, RMSNorm, apply_rope, rope_cos_sin
-from ._common import call_text, checker, fail as _fail, grade_prediction, learner_call, passed
+from ..model import apply_rope, rope_cos_sin
+from ._common import (call_text, checker, fail as _fail, grade_count, learner_call, passed,
+                      watch_copies)
 
-__all__ = ["check_rms_norm", "check_rope", "check_repeat_kv", "check_swiglu", "check_move_rope",
-           "check_num_parameters"]
+__all__ = ["check_rope", "check_grouped_scores", "check_move_rope", "check_parameter_counts"]
 
-_WHY = "this task asks you to write the layer from tensor operations."
-_NORMS = ("minillm.model.RMSNorm.forward", "torch.nn.functional.rms_norm", "torch.nn.RMSNorm.forward")
+_WHY = "this task asks you to write it from tensor operations."
 _ROPE = ("minillm.model.apply_rope", "minillm.model.rope_cos_sin", "minillm.model.rope_inverse_frequencies")
-_REPEAT = ("minillm.attention._expand_kv_heads",)
-_MLP = ("minillm.model.MLP.forward",)
-
-
-def _rms_mistake(got, x, weight, eps) -> str:
-    near = lambda other: torch.allclose(got.to(torch.float64), other, atol=1e-9, rtol=0)
-    if near(weight * x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps)):
-        return " (eps goes INSIDE the root: rsqrt(mean(x^2) + eps))"
-    if near(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)):
-        return " (multiply by weight at the end)"
-    centred = x - x.mean(-1, keepdim=True)
-    if near(weight * centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps)):
-        return " (that is LayerNorm: RMSNorm subtracts no mean)"
-    if near(weight * x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + eps)):
-        return " (the mean runs over the last dimension, one value per row)"
-    return ""
+_HEADS = ("minillm.attention._expand_kv_heads", "minillm.attention.reference_attention",
+          "minillm.attention.unmasked_attention", "minillm.attention.sdpa_attention",
+          "minillm.attention.causal_block_attention", "minillm.attention.chunk_attention",
+          "torch.nn.functional.scaled_dot_product_attention")
 
 
 def _rotate_half(x, positions, inv_freq):
@@ -109,25 +100,6 @@ def _compare(got, want, what: str, atol: float = 1e-9, hint: str = ""):
 
 
 @checker
-def check_rms_norm(fn, trials: int = 10, seed: int | None = None):
-    """fn(x [T, d], weight [d], eps) -> [T, d], like minillm.model.RMSNorm."""
-    rng = random.Random(seed)
-    for _ in range(trials):
-        g = _generator(rng)
-        rows, dim, eps = rng.randrange(1, 6), rng.choice([4, 16, 64]), rng.choice([1e-5, 1e-6, 0.1])
-        x = 3 * torch.randn(rows, dim, generator=g, dtype=torch.float64)
-        norm = RMSNorm(dim, eps).to(torch.float64)
-        with torch.no_grad():
-            norm.weight.copy_(torch.randn(dim, generator=g, dtype=torch.float64))
-            want = norm(x)
-        weight = norm.weight.detach().clone()
-        got = learner_call(fn, x.clone(), weight.clone(), eps, forbidden=_NORMS, why=_WHY)
-        hint = _rms_mistake(got, x, weight, eps) if isinstance(got, torch.Tensor) and got.shape == x.shape else ""
-        _compare(got, want, call_text(fn, x, weight, eps), hint=hint)
-    passed(f"RMSNorm matches the engine's on {trials} random inputs")
-
-
-@checker
 def check_rope(fn, trials: int = 10, seed: int | None = None):
     """fn(x [T, H, D], positions [T], theta) -> x rotated, like rope_cos_sin + apply_rope."""
     rng = random.Random(seed)
@@ -150,51 +122,74 @@ def check_rope(fn, trials: int = 10, seed: int | None = None):
     passed(f"RoPE matches the engine's on {trials} random inputs (pairs (i, i + D/2))")
 
 
+# ---------------------------------------------------------------------------
+# Debug: grouped-query scores without copying K
+# ---------------------------------------------------------------------------
+def _scores(q, k, tiled: bool = False, scale: float | None = None) -> torch.Tensor:
+    """[Hq, n, m] scores, K expanded to the query heads by the engine (grouped) or tiled (a mistake)."""
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    keys = k.repeat(1, num_heads // k.shape[1], 1) if tiled else _expand_kv_heads(k, num_heads)
+    return torch.einsum("nhd,mhd->hnm", q, keys) * (1 / math.sqrt(head_dim) if scale is None else scale)
+
+
+def _folded_group_major(q, k, scale: float) -> torch.Tensor:
+    """The fold that views q as [n, group, Hkv, D]: query head h meets KV head h % Hkv, and the
+    output's heads come out in (KV head, group) order (the mistake the task's code makes)."""
+    n, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    q_rows = q.reshape(n, num_heads // num_kv_heads, num_kv_heads, head_dim)
+    return torch.einsum("ngkd,mkd->kgnm", q_rows, k).reshape(num_heads, n, k.shape[0]) * scale
+
+
+def _scores_mistake(got, q, k) -> str:
+    head_dim = q.shape[-1]
+    group = q.shape[1] // k.shape[1]
+    near = lambda other: got.shape == other.shape and torch.allclose(got, other, atol=1e-9, rtol=0)
+    pairing = (f"query head h meets KV head h % {k.shape[1]} (tiled 0,1,0,1), but neighbouring query heads "
+               f"share a KV head: h // {group} (grouped 0,0,1,1); fold q as [n, Hkv, group, D], not "
+               "[n, group, Hkv, D]")
+    scales = ((1 / math.sqrt(head_dim), ""), (1 / head_dim, f"you divide by D = {head_dim}; the scale is 1/sqrt(D)"),
+              (1.0, "the scores are not divided by sqrt(D)"))
+    for scale, what in scales:
+        for candidate, paired in ((_scores(q, k, scale=scale), ""), (_scores(q, k, True, scale), pairing),
+                                  (_folded_group_major(q, k, scale), pairing)):
+            if (paired or what) and near(candidate):
+                return " (" + "; and ".join(part for part in (paired, what) if part) + ")"
+    if got.dim() == 3 and tuple(got.shape) == (q.shape[0], q.shape[1], k.shape[0]):
+        return " (that is [n, Hq, m]: return the scores head first, [Hq, n, m])"
+    return ""
+
+
 @checker
-def check_repeat_kv(fn, trials: int = 10, seed: int | None = None):
-    """fn(k [m, Hkv, D], num_heads) -> [m, num_heads, D]: KV head j serves query heads j*g .. j*g+g-1."""
+def check_grouped_scores(fn, trials: int = 10, seed: int | None = None):
+    """fn(q [n, Hq, D], k [m, Hkv, D]) -> scores [Hq, n, m] = q_h . k_(h // group) / sqrt(D), computed
+    WITHOUT copying K to the query heads (no repeat, expand, gather or concatenation of k)."""
     rng = random.Random(seed)
-    # The first shapes have several KV heads AND groups, where tiling and grouping differ.
-    shapes = [(2, 2), (4, 2)] + [(rng.choice([1, 2, 4]), rng.choice([1, 2, 4])) for _ in range(trials)]
+    # several KV heads with groups first: where grouped and tiled pairings differ
+    shapes = [(2, 2), (4, 2), (2, 3)] + [(rng.choice([1, 2, 4]), rng.choice([1, 2, 4])) for _ in range(trials)]
     for num_kv_heads, group in shapes:
         g = _generator(rng)
-        k = torch.randn(rng.randrange(1, 6), num_kv_heads, 4, generator=g, dtype=torch.float64)
-        want = _expand_kv_heads(k, num_kv_heads * group)
-        got = learner_call(fn, k.clone(), num_kv_heads * group, forbidden=_REPEAT, why=_WHY)
-        if isinstance(got, torch.Tensor) and got.shape == want.shape and not torch.equal(got, want) \
-                and torch.equal(got, k.repeat(1, group, 1)):
-            _fail(f"{call_text(fn, k, num_kv_heads * group)}: heads are tiled (0,1,0,1) instead of grouped "
-                  "(0,0,1,1): neighbouring query heads share a KV head")
-        _compare(got, want, call_text(fn, k, num_kv_heads * group), atol=0)
-    passed(f"KV heads expanded like the engine's on {len(shapes)} shapes")
-
-
-@checker
-def check_swiglu(fn, trials: int = 10, seed: int | None = None):
-    """fn(x [T, d], gate_w [f, d], up_w [f, d], down_w [d, f]) -> [T, d], like minillm.model.MLP."""
-    rng = random.Random(seed)
-    for _ in range(trials):
-        g = _generator(rng)
-        d, f = rng.choice([4, 8]), rng.choice([6, 12])
-        cfg = ModelConfig(name="check", vocab_size=8, hidden_size=d, intermediate_size=f,
-                          num_layers=1, num_heads=1, num_kv_heads=1)
-        mlp = MLP(cfg).to(torch.float64)
-        with torch.no_grad():
-            for p in mlp.parameters():
-                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64))
-            x = torch.randn(rng.randrange(1, 5), d, generator=g, dtype=torch.float64)
-            want = mlp(x)
-        weights = [w.detach().clone() for w in (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)]
-        got = learner_call(fn, x.clone(), *[w.clone() for w in weights], forbidden=_MLP, why=_WHY)
-        gate_w, up_w, down_w = weights
-        hint = ""
-        if isinstance(got, torch.Tensor) and got.shape == want.shape:
-            if torch.allclose(got.to(torch.float64), (torch.nn.functional.silu(x @ up_w.T) * (x @ gate_w.T)) @ down_w.T):
-                hint = " (SiLU goes on the gate projection, not on up)"
-            elif torch.allclose(got.to(torch.float64), (torch.nn.functional.gelu(x @ gate_w.T) * (x @ up_w.T)) @ down_w.T):
-                hint = " (that is GeGLU: SwiGLU uses SiLU, x * sigmoid(x))"
-        _compare(got, want, call_text(fn, x, *weights), hint=hint)
-    passed(f"SwiGLU MLP matches the engine's on {trials} random inputs")
+        n, m, head_dim = rng.randrange(1, 6), rng.randrange(1, 9), rng.choice([4, 8, 16])
+        q = torch.randn(n, num_kv_heads * group, head_dim, generator=g, dtype=torch.float64)
+        k = torch.randn(m, num_kv_heads, head_dim, generator=g, dtype=torch.float64)
+        want = _scores(q, k)
+        call = call_text(fn, q, k)
+        q_in, k_in = q.clone(), k.clone()
+        with watch_copies(k_in) as copies:
+            got = learner_call(fn, q_in, k_in, forbidden=_HEADS,
+                               why="fold the query heads yourself: the task is reading K without copying it.")
+        if copies:
+            op, before, after = copies[0]
+            _fail(f"{call} copies K: {op} turns k {list(before)} into {list(after)}. The fold's point is that "
+                  "each KV head is read as it is, by the query heads of its group: reshape q, not k")
+        if not isinstance(got, torch.Tensor):
+            _fail(f"{call} returned {type(got).__name__}, expected a torch.Tensor")
+        got = got.to(torch.float64)
+        if tuple(got.shape) != tuple(want.shape):
+            _fail(f"{call}: shape {tuple(got.shape)}, expected {tuple(want.shape)}{_scores_mistake(got, q, k)}")
+        hint = "" if torch.allclose(got, want, atol=1e-9, rtol=0) else _scores_mistake(got, q, k)
+        _compare(got, want, call, hint=hint)
+    passed(f"grouped-query scores right on {len(shapes)} shapes, K never copied")
 
 
 # ---------------------------------------------------------------------------
@@ -241,14 +236,27 @@ def check_move_rope(fn, trials: int = 10, seed: int | None = None):
 
 
 # ---------------------------------------------------------------------------
-# Predict, then measure: the parameter count
+# Predict, then measure: every module's parameters
 # ---------------------------------------------------------------------------
-def measured_parameters(cfg: ModelConfig) -> int:
-    """Build the engine's model for cfg on the meta device (no memory) and count its parameters."""
+MODULES = ("embed_tokens", "input_layernorm", "q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm",
+           "post_attention_layernorm", "gate_proj", "up_proj", "down_proj", "norm", "lm_head")
+
+
+def measured_parameter_counts(cfg: ModelConfig) -> dict[str, int]:
+    """Build the engine's model for cfg on the meta device (no memory) and count its parameters per
+    module name (q_proj, k_proj, ...: weights and biases, summed over the layers). The layers' random
+    init is skipped: it changes no shape, and on the meta device its first call imports torch's
+    decompositions (seconds)."""
+    from unittest import mock
     from ..model import LlamaModel
-    with torch.device("meta"):
+    skip = lambda module: None
+    with mock.patch.object(torch.nn.Linear, "reset_parameters", skip), \
+            mock.patch.object(torch.nn.Embedding, "reset_parameters", skip), torch.device("meta"):
         model = LlamaModel(cfg)
-    return sum(p.numel() for p in model.parameters())
+    counts = dict.fromkeys(MODULES, 0)
+    for name, parameter in model.named_parameters():       # a tied LM head is the embedding: listed once
+        counts[name.split(".")[-2]] += parameter.numel()
+    return counts
 
 
 def _random_shapes(rng: random.Random):
@@ -259,39 +267,83 @@ def _random_shapes(rng: random.Random):
         head_dim = rng.choice([4, 8, 16])
         shapes.append(ModelConfig(
             name=f"random-{i}", vocab_size=rng.randint(10, 300), hidden_size=rng.choice([8, 16, 32, 48]),
-            intermediate_size=rng.randint(8, 100), num_layers=rng.randint(1, 4), num_heads=heads,
+            intermediate_size=rng.randint(8, 100), num_layers=rng.randint(2, 4), num_heads=heads,
             num_kv_heads=kv, head_dim=head_dim, tie_word_embeddings=i % 2 == 1,
             attention_bias=i in (2, 5), qk_norm=i in (3, 5)))
     return shapes
 
 
+def _count_mistake(module: str, got: int, want: int, cfg: ModelConfig) -> str:
+    """The usual slips, one module at a time."""
+    d, layers = cfg.hidden_size, cfg.num_layers
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    derived = cfg.num_heads and d // cfg.num_heads
+    if want and got * layers == want and layers > 1:
+        return f"that is one layer's count: each of the {layers} layers has its own {module}"
+    if module in ("q_norm", "k_norm"):
+        if not cfg.qk_norm and got:
+            return "this model has no q_norm / k_norm (qk_norm=False)"
+        heads = cfg.num_heads if module == "q_norm" else cfg.num_kv_heads
+        if cfg.qk_norm and got == want * heads:
+            return (f"{module} normalises each head's vector with ONE weight per head dimension "
+                    f"({cfg.head_dim}), shared by all {heads} heads: not one per head")
+        return f"an RMSNorm over each head's {cfg.head_dim} dimensions, in every layer"
+    if module == "lm_head":
+        if cfg.tie_word_embeddings:
+            return ("tie_word_embeddings=True: the LM head IS the embedding matrix, a parameter the model "
+                    "holds once (under embed_tokens): lm_head adds nothing")
+        return "tie_word_embeddings=False: the LM head is its own [vocab_size, hidden_size] matrix"
+    if module in ("k_proj", "v_proj") and cfg.num_kv_heads != cfg.num_heads and \
+            got in (layers * q * d, layers * (q * d + q)):
+        return (f"{module} projects to num_kv_heads x head_dim = {kv} outputs, not num_heads x head_dim = {q}: "
+                "grouped-query attention shares KV heads")
+    if module in ("q_proj", "k_proj", "v_proj", "o_proj") and cfg.head_dim != derived:
+        heads = cfg.num_kv_heads if module in ("k_proj", "v_proj") else cfg.num_heads
+        if got in (layers * heads * derived * d, layers * (heads * derived * d + heads * derived)):
+            return (f"head_dim is {cfg.head_dim} here, not hidden_size // num_heads = {derived}: read it from "
+                    "cfg.head_dim")
+    if module in ("q_proj", "k_proj", "v_proj"):
+        outputs = q if module == "q_proj" else kv
+        if cfg.attention_bias and got == want - layers * outputs:
+            return f"attention_bias=True: {module} has a bias of {outputs} per layer"
+        if not cfg.attention_bias and got == want + layers * outputs:
+            return f"attention_bias=False: {module} has no bias"
+    if module == "o_proj" and got == want + layers * d:
+        return "o_proj has no bias, whatever attention_bias says (only q, k and v have one)"
+    if module in ("gate_proj", "up_proj", "down_proj"):
+        return f"a [{cfg.intermediate_size} x {d}] (or transposed) matrix in every layer"
+    if module in ("input_layernorm", "post_attention_layernorm", "norm"):
+        return "an RMSNorm has one weight per feature (hidden_size of them), no bias"
+    return ""
+
+
 @checker
-def check_num_parameters(fn, seed: int | None = None):
-    """fn(cfg) -> the number of parameters of the engine's model for cfg, predicted from the shapes; the
-    checker builds the model and counts (tolerance 0.1%)."""
+def check_parameter_counts(fn, seed: int | None = None):
+    """fn(cfg) -> {module name: parameters}, summed over the layers (weights and biases); predicted from
+    the shapes in cfg. The checker builds the engine's model and counts each module, exactly."""
     from ..config import PRESETS
     rng = random.Random(seed)
     configs = _random_shapes(rng) + [PRESETS["tiny"], PRESETS["qwen3-0.6b"], PRESETS["llama-3-8b"]]
     for cfg in configs:
-        measured = measured_parameters(cfg)
+        measured = measured_parameter_counts(cfg)
         got = learner_call(fn, cfg, forbidden=("minillm.config.ModelConfig.num_parameters",
                                                "minillm.loader.build_model", "minillm.build_model",
                                                "minillm.model.LlamaModel.__init__"),
                            why="predict it from the shapes in cfg: the checker builds the model and counts.")
-        d, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        why = ("count, per layer, q, k, v and o projections, the MLP's three matrices and the two norms; then "
-               "the embedding, the final norm and the LM head")
-        if isinstance(got, int) and not cfg.tie_word_embeddings and got == measured - cfg.vocab_size * d:
-            why = "the LM head is its own matrix here (tie_word_embeddings=False): vocab_size x hidden_size more"
-        elif isinstance(got, int) and cfg.tie_word_embeddings and got == measured + cfg.vocab_size * d:
-            why = "tie_word_embeddings=True: the LM head IS the embedding matrix, counted once"
-        elif isinstance(got, int) and cfg.num_heads != cfg.num_kv_heads and \
-                got == measured + 2 * cfg.num_layers * (q - kv) * d + (2 * (q - kv) if cfg.attention_bias else 0) * cfg.num_layers:
-            why = "k_proj and v_proj project to num_kv_heads x head_dim, not num_heads x head_dim (GQA)"
-        elif isinstance(got, int) and cfg.head_dim != d // cfg.num_heads and got != measured:
-            why += f"; head_dim is {cfg.head_dim} here, not hidden_size // num_heads = {d // cfg.num_heads}"
         flags = [f for f in ("tie_word_embeddings", "attention_bias", "qk_norm") if getattr(cfg, f)]
-        grade_prediction(f"{call_text(fn, cfg)} (hidden {d}, {cfg.num_layers} layers, heads {cfg.num_heads}/"
-                         f"{cfg.num_kv_heads}, head_dim {cfg.head_dim}{', ' + ', '.join(flags) if flags else ''})",
-                         got, measured, 1e-3, why)
-    passed(f"your parameter counts match the engine's models on {len(configs)} shapes (within 0.1%)")
+        where = (f"{call_text(fn, cfg)} (hidden {cfg.hidden_size}, {cfg.num_layers} layers, heads {cfg.num_heads}/"
+                 f"{cfg.num_kv_heads}, head_dim {cfg.head_dim}, intermediate {cfg.intermediate_size}, vocab "
+                 f"{cfg.vocab_size}{', ' + ', '.join(flags) if flags else ''})")
+        if not isinstance(got, dict):
+            _fail(f"{where} returned {type(got).__name__}: return a dict {{module name: parameters}}, e.g. "
+                  f"{{'q_proj': ..., 'k_proj': ...}}")
+        unknown = sorted(set(got) - set(MODULES))
+        if unknown:
+            _fail(f"{where}: {unknown[0]!r} is not a module of the engine's model; the names are {list(MODULES)}")
+        for module in MODULES:
+            predicted = got.get(module, 0)
+            if predicted != measured[module]:
+                grade_count(f"{where}, {module}", predicted, measured[module],
+                            _count_mistake(module, predicted, measured[module], cfg) if isinstance(predicted, int)
+                            else "", unit=" parameters")
+    passed(f"your parameter counts match the engine's models, module by module, on {len(configs)} shapes")

@@ -455,10 +455,11 @@ else:
 # - The engine's `reference` and `sdpa` backends agree on packed, paged steps mixing
 #   prefills, chunks and decodes.
 #
-# **Exercises:** `exercises/01_causal_attention.ipynb`: write the bottom-right mask,
-# grouped-query causal attention and the log-sum-exp merge, each checked against the
-# engine; then merge a chunk's keys cut into any number of pieces (the chapter shows two),
-# and predict the share of scores an explicit mask throws away over a chunked prefill.
+# **Exercises:** `exercises/01_causal_attention.ipynb`: the bottom-right mask and
+# grouped-query attention from memory; then a sliding window's mask (the engine has none),
+# a repair of this chapter's merge for rows that see nothing of a part (a window or a
+# split-KV cut makes them), a merge of any number of parts, and the share of scores an
+# explicit mask throws away over a chunked prefill, predicted before the engine counts it.
 #
 # **Next:** chapter 2 puts this attention inside a Llama-style model, with RoPE and
 # grouped-query heads, and matches a real checkpoint against `transformers`.

@@ -401,9 +401,10 @@ del scrambled
 #   dequantized, its Q/K rows put back in Hugging Face's order, and it answers in words
 #   that match `transformers` token for token.
 #
-# **Exercises:** `exercises/02_the_model.ipynb`: write RMSNorm, the GQA head expansion,
-# the SwiGLU MLP and RoPE, each checked against the engine's layer; then move cached keys
-# to new positions, and predict a model's parameter count before the engine counts it.
+# **Exercises:** `exercises/02_the_model.ipynb`: RoPE, then a grouped-query fold that
+# pairs query heads with the wrong KV head (repair it without copying K), cached keys
+# repaired to the positions they should have had, and every module's parameter count,
+# predicted before the engine builds the model and counts.
 #
 # **Next:** a decode step needs the keys and values of every earlier token; chapter 3
 # keeps them in a paged KV cache instead of recomputing them.

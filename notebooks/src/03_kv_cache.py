@@ -70,31 +70,41 @@ for _ in range(num_new):
     tokens_processed_recompute += len(tokens)
     tokens.append(int(logits[-1].argmax()))
 
-# With the cache: the prompt once, then one token per step.
-blocks = BlockManager(num_blocks=blocks_for(len(prompt) + num_new, 16), block_size=16)
+# With the cache: the prompt once (its pass gives the first new token), then one token per
+# step. The last new token comes out of the last pass and is never fed back: num_new passes.
+blocks = BlockManager(num_blocks=blocks_for(len(prompt) + num_new - 1, 16), block_size=16)
 runner = ModelRunner(model, blocks)
-blocks.allocate("r", len(prompt) + num_new)
-cached_s, cached_logits = [], []
-logits, _ = timed(lambda: runner.execute([StepChunk("r", prompt, 0)]))
+blocks.allocate("r", len(prompt) + num_new - 1)
+cached_s, cached_logits, tokens_processed_cached = [], [], 0
+step = StepChunk("r", prompt, 0)
 for i in range(num_new):
-    cached_logits.append(logits[0])
-    step = StepChunk("r", [tokens[len(prompt) + i]], len(prompt) + i)
     logits, seconds = timed(lambda: runner.execute([step]))
     cached_s.append(seconds)
-tokens_processed_cached = len(prompt) + num_new
+    cached_logits.append(logits[0])
+    tokens_processed_cached += len(step.token_ids)
+    step = StepChunk("r", [tokens[len(prompt) + i]], len(prompt) + i)   # feed the token just chosen
 
 print(f"recompute: {sum(recompute_s) * 1e3:.0f} ms, {tokens_processed_recompute} tokens through the model")
-print(f"cached:    {sum(cached_s) * 1e3:.0f} ms, {tokens_processed_cached} tokens through the model")
+print(f"cached:    {sum(cached_s) * 1e3:.0f} ms, {tokens_processed_cached} tokens through the model "
+      f"({tokens_processed_recompute / tokens_processed_cached:.0f}x fewer)")
 
 # %% slideshow={"slide_type": "fragment"}
 gap = max((a - b).abs().max().item() for a, b in zip(recompute_logits, cached_logits))
 print(f"same next-token logits both ways: max difference {gap:.1e}")
 assert gap < 1e-3
 assert tokens_processed_recompute == sum(range(len(prompt), len(prompt) + num_new))
-assert tokens_processed_cached == len(prompt) + num_new
+assert tokens_processed_cached == len(prompt) + num_new - 1          # the prompt, then 31 decodes
+assert round(tokens_processed_recompute / tokens_processed_cached) == 26   # quoted below
 
 # %% [markdown]
-# Over those 32 tokens the recompute loop pushed 25 times as many tokens through the model
+# With the cache, generating $N$ tokens takes $N$ passes and $P + N - 1$ tokens through
+# the model: the prompt's pass already produces the first new token, each decode the next,
+# and the last token is sampled from the last pass without ever being fed back (its K and
+# V would only be needed for a token after it). Both loops above count the tokens they
+# really pass to the model; the recompute loop feeds $P, P + 1, \dots, P + N - 1$ tokens,
+# the last token again unused.
+#
+# Over those 32 tokens the recompute loop pushed 26 times as many tokens through the model
 # (the counts above), yet at 48 to 80 tokens per step the time of a step says little
 # about its tokens. On this CPU a step has a **fixed cost** (reading every weight once,
 # Python, kernel dispatch, 4 layers of small ops) that does not depend on its tokens, and at a few dozen tokens that
@@ -520,8 +530,10 @@ assert len(results["paged"][0]) < len(results["contiguous, max length"][0])   # 
 #   max-length reservations: the percentages are printed in section 5); running out of
 #   blocks is a normal event the scheduler handles by preemption.
 #
-# **Exercises:** `exercises/03_kv_cache.ipynb`: blocks needed, the slot mapping, gathering a
-# request's KV through its block table, and the capacity of a KV budget.
+# **Exercises:** `exercises/03_kv_cache.ipynb`: blocks needed, how many requests a KV budget
+# really admits, copy-on-write for requests that share blocks after a fork, and the tokens
+# the model processes with and without a cache when a request is preempted, predicted
+# before the engine measures them.
 #
 # **Next:** the cache lets a prompt be prefilled in pieces; chapter 4 proves that doing so
 # gives exactly the same keys and values as one pass.

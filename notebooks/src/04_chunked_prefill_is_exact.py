@@ -601,9 +601,11 @@ for c in (FULL, 32):
 #   bfloat16 a near-tie can flip a token, as vLLM's users report (#5952, #9706): rounding
 #   amplified by 30 layers, no more "wrong" than the whole prefill in bfloat16.
 #
-# **Exercises:** `exercises/04_chunked_prefill_is_exact.ipynb`: build the mask of a packed
-# step of several requests, the chunk boundaries and your own chunked prefill loop, checked
-# against the engine, and find which layer a position bug corrupts first.
+# **Exercises:** `exercises/04_chunked_prefill_is_exact.ipynb`: the mask of a packed step
+# of several requests, a tool that finds the first layer, tensor and position a broken
+# chunked prefill corrupts (tried on bugs this chapter does not show), a chunked prefill
+# of several prompts packed into one pass per step, and the work and cache re-reads of a
+# chunked prefill, predicted before the engine measures them.
 #
 # **Next:** chunking is exact, so what it changes is cost; chapter 5 counts the FLOPs and
 # bytes of a step and predicts its time.

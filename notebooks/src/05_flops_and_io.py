@@ -713,9 +713,10 @@ for backend in ("reference", "sdpa"):
 #    Llama-3-8B, not 4·L·d²; and a mixed step is a weight read plus the chunk's FLOPs,
 #    not the decode step scaled by a FLOP ratio.
 #
-# **Exercises:** `exercises/05_flops_and_io.ipynb`: write the FLOPs of one layer with a sliding
-# window (the chapter's layer has none), the KV bytes per token and the traffic and intensity
-# of a mixed step, and apply the GEMM tile rule (chunk plus decodes a whole number of tiles),
-# graded against the measured A100 operator times.
+# **Exercises:** `exercises/05_flops_and_io.ipynb`: the FLOPs of one layer with a sliding
+# window (the chapter's layer has none), how many decodes a step needs to reach a GPU's
+# ridge point (predicted, then measured with `step_cost`: at long contexts no number does),
+# and the chunk to schedule beside a step's decodes when its GEMMs run in tiles, graded
+# against the measured A100 operator times.
 #
 # **Next:** we can now say what a step costs; chapter 6 decides which requests share a step.

@@ -1,13 +1,13 @@
 # %% [markdown]
 # # Exercises 1: causal attention
 #
-# Five tasks on chapter 1, warm-up to hard. The first three rebuild what the chapter
-# shows (the mask, attention, the merge of two parts); the last two ask you to apply its
-# reasoning to cases it did not print: a merge of any number of parts, and a number to
-# predict before the engine measures it. Each checker runs your function on fixed random
-# cases, compares it with the engine in float64 and names the likely mistake.
-# Fill in the bodies where it says `raise NotImplementedError`, then run the
-# check cell below each one.
+# Six tasks on chapter 1. The first two are warm-ups (the chapter's mask and attention, from
+# memory); the others take its ideas where the chapter did not: a sliding window (Mistral's),
+# a merge that the chapter's own formula gets wrong, a merge of any number of parts, and a
+# number to predict before the engine measures it. Each checker runs your
+# function on fixed random cases, compares it with the engine in float64 and names the
+# likely mistake. Fill in the bodies where it says `raise NotImplementedError`, then run
+# the check cell below each one.
 
 # %%
 import math
@@ -19,20 +19,15 @@ import minillm.grading as ex
 # %% [markdown]
 # ## 1. The mask of a chunk over a cache
 #
-# `causal_mask(q_len, k_len)` returns a boolean `[q_len, k_len]` tensor, `True`
-# where query `i` may attend to key `j`. The queries are the *last* `q_len` of
-# the `k_len` positions (a chunk whose prefix is already cached), so query `i`
-# sits at position `k_len - q_len + i` and sees every key up to and including
-# that position: the mask is aligned bottom-right.
-# May not call `minillm.attention.causal_mask` or `torch.nn.attention.bias`'s masks: build
-# it from `torch.arange`.
+# `causal_mask(q_len, k_len)` returns a boolean `[q_len, k_len]` tensor, `True` where
+# query `i` may attend to key `j`, for a chunk of `q_len` new tokens whose cached prefix
+# makes `k_len` keys in all. Build it from `torch.arange`; do not call
+# `minillm.attention.causal_mask` or `torch.nn.attention.bias`'s masks.
 #
 # <details><summary>Hint</summary>
 #
-# Give every query its absolute position (the chunk's queries are the last `q_len` of
-# the `k_len` positions) and every key its own; a query may see a key at or before it.
-# A column of query positions compared with a row of key positions broadcasts to the
-# whole `[q_len, k_len]` mask.
+# Where does the chunk's first query sit among the `k_len` positions? Give every query its
+# absolute position and every key its own, and ask which keys a query may see.
 #
 # </details>
 
@@ -52,24 +47,18 @@ ex.check_causal_mask(causal_mask)  # points: 1
 # %% [markdown]
 # ## 2. Causal attention with grouped-query heads
 #
-# `attention(q, k, v)` takes `q: [n, Hq, D]` and `k, v: [m, Hkv, D]` with
-# `m >= n` and `Hq` a multiple of `Hkv` (grouped-query attention: query head
-# `h` uses KV head `h // (Hq // Hkv)`). Return `softmax(q k^T / sqrt(D))` over
-# the allowed keys, times `v`: shape `[n, Hq, D]`. The queries are the last `n`
-# of the `m` positions (a chunk over a cache), so use your mask from task 1.
-#
-# May call: torch's tensor operations, your `causal_mask`, and
-# `torch.nn.functional.scaled_dot_product_attention` *with your mask as `attn_mask`*
-# (it is the kernel; the mask is the task). May not call: the engine's attention
-# functions (`minillm.attention.*`) or `torch.nn.attention.bias`'s masks.
+# `attention(q, k, v)` takes `q: [n, Hq, D]` and `k, v: [m, Hkv, D]` (`m >= n`, `Hq` a
+# multiple of `Hkv`: grouped-query attention, chapter 2) for a chunk of `n` queries, the
+# last `n` of the `m` positions. Return the attention output `[n, Hq, D]`, each query
+# attending to the keys your mask from task 1 allows. You may use torch's tensor
+# operations, your mask, and `scaled_dot_product_attention` given your mask; not the
+# engine's attention functions.
 #
 # <details><summary>Hint</summary>
 #
-# Three questions in order: how do `Hkv` heads become `Hq` heads so that neighbouring query
-# heads share one (chapter 2 calls this the head expansion)? Which dimension of the scores
-# tensor does each query's softmax run over, so that its weights sum to one across its
-# keys? Which entries must become `-inf` before the softmax, and which of your mask's
-# alignments puts the queries at the end?
+# Three questions in order: which KV head does query head `h` read, and how do `Hkv` heads
+# become `Hq` so that neighbouring query heads share one? Over which dimension of the scores
+# does each query's softmax run? Which entries must be `-inf` before it?
 #
 # </details>
 
@@ -87,32 +76,72 @@ def attention(q, k, v):
 
 
 # %%
-ex.check_attention(attention)  # points: 2
+ex.check_attention(attention)  # points: 1
 
 
 # %% [markdown]
-# ## 3. Merging two partial attentions
+# ## 3. A sliding window
 #
-# You attended the same queries to two disjoint sets of keys, A and B, and kept
-# each row's log-sum-exp of the scores (`lse_a`, `lse_b`: `[n, H]`, with the
-# outputs `out_a`, `out_b`: `[n, H, D]`). Return `(out, lse)`: the attention
-# over A and B together, and its log-sum-exp. No keys, no values: only these
-# four tensors. May not call `minillm.attention.merge_attention`.
+# Mistral-7B's first release attends through a **sliding window**: each query sees at most
+# `window` keys, the most recent ones, its own key among them (`sliding_window` in its
+# `config.json`). The engine has no such mask. Write `window_mask(q_len, k_len, window)`:
+# the mask of a chunk of `q_len` queries over `k_len` keys (cached prefix and chunk, as in
+# task 1) under a window of `window` keys. Same rules: `torch.arange`, no engine mask.
 #
 # <details><summary>Hint</summary>
 #
-# Each part's output was divided by its own sum of `exp(scores)`, whose log is `lse_part`.
-# What is the sum over A and B together, and its log (chapter 1, section 4, and the one
-# torch function that computes it without overflow)? By what factor must each part's output
-# then be rescaled before you add them?
+# Start from what task 1 allows and ask what the window takes away: for the query at
+# absolute position `p`, which is the oldest key it may still see? Try it by hand on a
+# chunk of 2 over 5 keys with a window of 2, and on a window longer than the context.
+#
+# </details>
+
+# %%
+def window_mask(q_len, k_len, window):
+    ### BEGIN SOLUTION
+    query_pos = torch.arange(q_len)[:, None] + (k_len - q_len)
+    key_pos = torch.arange(k_len)[None, :]
+    return (key_pos <= query_pos) & (key_pos > query_pos - window)
+    ### END SOLUTION
+
+
+# %%
+ex.check_window_mask(window_mask)  # points: 2
+
+
+# %% [markdown]
+# ## 4. Debug: the merge that returns NaN
+#
+# Chapter 1, section 5 splits a chunk's keys in two, attends to each part and merges the
+# parts with `merge_attention`. That split works because every query sees every cached key.
+# With a sliding window it does not: a late query of the chunk may see **none** of the
+# cached part. A kernel attending to a part a row cannot see returns for that row
+# `lse = -inf` (the log of an empty sum) and `out = NaN` (0/0). The same happens to a
+# split-KV kernel that cuts a chunk's keys through the chunk: an early query sees nothing
+# of the late keys. Run the chapter's `merge_attention` on such parts and those rows come
+# out NaN.
+#
+# Write `merge(out_a, lse_a, out_b, lse_b)` (`out_*: [n, H, D]`, `lse_*: [n, H]`) that returns
+# `(out, lse)`, the attention over both parts, also in those rows and with scores in the
+# hundreds. Only these four tensors; no keys, no values; not `merge_attention`.
+#
+# <details><summary>Hint</summary>
+#
+# Take the chapter's formula and follow one row that sees nothing of part B: what are its
+# `lse_b`, its merged `lse`, the weight part B gets, and the product of that weight with
+# `out_b`? What should the weight of a part the row cannot see be, and how do you make the
+# product come out as that, even with `out_b` holding NaN?
 #
 # </details>
 
 # %%
 def merge(out_a, lse_a, out_b, lse_b):
     ### BEGIN SOLUTION
-    lse = torch.logaddexp(lse_a, lse_b)                      # [n, H]
-    out = out_a * torch.exp(lse_a - lse)[..., None] + out_b * torch.exp(lse_b - lse)[..., None]
+    lse = torch.logaddexp(lse_a, lse_b)                                # [n, H]
+    out = torch.zeros_like(out_a)
+    for part_out, part_lse in ((out_a, lse_a), (out_b, lse_b)):
+        weight = torch.exp(part_lse - lse)[..., None]                  # 0 where the row sees none of it
+        out = out + torch.where(weight > 0, part_out * weight, torch.zeros_like(part_out))
     return out, lse
     ### END SOLUTION
 
@@ -122,24 +151,20 @@ ex.check_merge_attention(merge)  # points: 2
 
 
 # %% [markdown]
-# ## 4. A chunk's keys in any number of pieces
+# ## 5. A chunk's keys in any number of pieces
 #
-# Split-KV kernels cut a long key range into pieces and merge the partial results. Here
-# the keys of a chunk (its `c` cached keys, then its own `n`) are cut at arbitrary
-# positions, **through the chunk too**, and each piece is attended with the chunk's
-# bottom-right mask cut to that piece. `merge_parts(parts)` gets the list of
-# `(out, lse)` pairs, one per piece in key order (`out: [n, H, D]`, `lse: [n, H]`), and
-# returns `(out, lse)` over all the keys: what one attention over the whole range gives.
-# The parts come exactly as a kernel returns them, nothing cleaned up. May not call
-# `minillm.attention.merge_attention`.
+# Split-KV kernels cut a long key range into many pieces. Here a chunk's keys (its `c`
+# cached keys, then its own `n`) are cut at arbitrary positions, through the chunk too,
+# and each piece is attended with the chunk's bottom-right mask cut to that piece.
+# `merge_parts(parts)` gets the list of `(out, lse)` pairs, one per piece in key order, as
+# the kernel returns them (NaN and `-inf` included), and returns `(out, lse)` over all the
+# keys. Not `minillm.attention.merge_attention`.
 #
 # <details><summary>Hint</summary>
 #
-# Folding the two-part merge over the list is the idea, but first look at a piece that
-# lies wholly after some query's position: what is that row's sum of `exp(scores)` over
-# the piece, its log, and the "normalised" output (a sum divided by that sum)? What weight
-# must such a part get in that row, and what does a weight of zero times its output give
-# in floating point?
+# Is merging associative, and does the order of the parts matter? If you fold task 4's
+# merge over the list, check the case of a row that sees none of the FIRST part; if you
+# merge all parts at once, which torch function gives the union's log-sum-exp?
 #
 # </details>
 
@@ -150,33 +175,33 @@ def merge_parts(parts):
     lse = torch.logsumexp(lses, dim=0)                                  # [n, H]
     out = torch.zeros_like(parts[0][0])
     for part_out, part_lse in parts:
-        weight = torch.exp(part_lse - lse)[..., None]                   # 0 where the row sees none of it
+        weight = torch.exp(part_lse - lse)[..., None]
         out = out + torch.where(weight > 0, part_out * weight, torch.zeros_like(part_out))
     return out, lse
     ### END SOLUTION
 
 
 # %%
-ex.check_merge_parts(merge_parts)  # points: 3
+ex.check_merge_parts(merge_parts)  # points: 2
 
 # %% [markdown]
-# ## 5. Predict, then measure: the scores a mask throws away
+# ## 6. Predict, then measure: the scores a mask throws away
 #
-# Chapter 1, section 5: a kernel given an explicit mask computes every score of the
-# chunk's `[n, s + n]` rectangle, then throws the masked ones away. Over a whole chunked
-# prefill of `num_tokens` tokens in chunks of `chunk_size`, what fraction of all the
-# scores computed is thrown away? `masked_fraction(num_tokens, chunk_size)` returns your
-# **prediction**, reasoned from the shape of each chunk's mask (do not build the masks:
-# the checker also asks about a billion-token prompt). The checker measures the fraction
-# by building every chunk's mask with the engine and counting, and accepts 0.1% relative
-# error. May not call `minillm.attention.causal_mask`.
+# Chapter 1, section 5: a kernel given an explicit mask computes every score of the chunk's
+# `[n, s + n]` rectangle, then throws the masked ones away. Over a whole chunked prefill of
+# `num_tokens` tokens in chunks of `chunk_size`, what fraction of all the scores computed is
+# thrown away? Before you write code, put a number on 8192 tokens in chunks of 512, and say
+# why in a sentence. Then `masked_fraction(num_tokens, chunk_size)` returns your
+# **prediction** for any prompt, reasoned from the shape of each chunk's mask: the checker
+# also asks about a billion-token prompt, so do not build masks. The checker measures the
+# fraction by building every chunk's mask with the engine and counting; it accepts 0.1%.
 #
 # <details><summary>Hint</summary>
 #
-# For one chunk: how many scores does its rectangle hold, and how many of them lie above
-# its diagonal (does the cached part have any)? Then: is the fraction for the whole
-# prefill the average of the chunks' fractions, or something else? Check yourself on a
-# chunk size as large as the prompt, where you know the answer.
+# For one chunk: how many scores does its rectangle hold, and how many of them does the
+# mask drop (does the cached part lose any)? For the whole prefill: is it the mean of the
+# chunks' fractions, or something else? And the last chunk: is it as long as the others?
+# Check yourself on a chunk as large as the prompt, where you know the answer.
 #
 # </details>
 
@@ -186,14 +211,14 @@ def masked_fraction(num_tokens, chunk_size):
     masked = computed = 0
     for start in range(0, num_tokens, chunk_size):
         n = min(chunk_size, num_tokens - start)
-        masked += n * (n - 1) // 2
-        computed += n * (start + n)
+        masked += n * (n - 1) // 2            # above the diagonal of the chunk's own square
+        computed += n * (start + n)           # the whole rectangle
     return masked / computed
     ### END SOLUTION
 
 
 # %%
-ex.check_masked_fraction(masked_fraction)  # points: 2
+ex.check_masked_fraction(masked_fraction)  # points: 3
 from minillm.attention import causal_mask as engine_mask   # the measurement, after the prediction
 
 predicted = masked_fraction(8192, 512)
@@ -203,6 +228,7 @@ print(f"8192 tokens in chunks of 512: predicted {predicted:.4%} of the scores th
 assert abs(predicted - measured) <= 1e-3 * measured
 
 # %% [markdown]
-# Done: the mask, the attention and the merge (of two parts or of many) are the pieces
-# every chunked-prefill kernel is made of, and the thrown-away fraction is why the engine
-# never builds a chunk's mask. Chapter 2 puts attention inside the model.
+# Done: masks with and without a window, attention over grouped heads, and merges that stay
+# right when a part is empty for a row: the pieces every chunked-prefill kernel is made of.
+# The thrown-away fraction is why the engine never builds a chunk's mask. Chapter 2 puts
+# attention inside the model.

@@ -1,115 +1,33 @@
 # %% [markdown]
 # # Exercises 2: the model
 #
-# Four layers of the Llama-style decoder from chapter 2, written by you and
-# checked against the engine's own (`minillm.model`) on fixed random inputs, then two
-# tasks the chapter does not print: moving cached keys to new positions (what RoPE's
-# rotations allow), and predicting a model's parameter count before the engine builds it.
-# May not call: the engine's layers (`minillm.model.*`, `torch.nn.functional.rms_norm`).
-# Fill in the bodies where it says `raise NotImplementedError`, then run the
-# check cell below each one.
+# Four tasks on chapter 2. A warm-up (RoPE, which the later tasks use), then three
+# problems the chapter does not print: a grouped-query fold that pairs heads wrongly, a
+# cache whose keys sit at the wrong positions, and a parameter count to predict, module by
+# module, before the engine builds the model. May not call the engine's layers
+# (`minillm.model.*`) or its attention functions. Fill in the bodies where it says
+# `raise NotImplementedError`, then run the check cell below each one.
 
 # %%
+import math
+
 import torch
-import torch.nn.functional as F
 
 import minillm.grading as ex
 
 # %% [markdown]
-# ## 1. RMSNorm
+# ## 1. Warm-up: RoPE
 #
-# `rms_norm(x, weight, eps)`: divide each row of `x: [T, d]` by the root of
-# the mean of its squares (plus `eps` inside the root), then multiply by
-# `weight: [d]`. No mean is subtracted, unlike LayerNorm.
-#
-# <details><summary>Hint</summary>
-#
-# One normaliser per row: over which dimension does the mean of squares run, and how do
-# you keep that dimension so it broadcasts back over the row? Where does `eps` go: inside
-# the root or after it (the engine's `RMSNorm` says)?
-#
-# </details>
-
-# %%
-def rms_norm(x, weight, eps):
-    ### BEGIN SOLUTION
-    return weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    ### END SOLUTION
-
-
-# %%
-ex.check_rms_norm(rms_norm)  # points: 1
-
-
-# %% [markdown]
-# ## 2. Grouped-query attention: sharing KV heads
-#
-# `repeat_kv(k, num_heads)`: `k` is `[m, Hkv, D]`; return `[m, num_heads, D]`
-# where query head `h` gets KV head `h // (num_heads // Hkv)`. Mind the order:
-# neighbouring query heads share a KV head.
+# `rope(x, positions, theta)`: `x` is `[T, H, D]`, `positions` the absolute position of each
+# row `[T]`. Rotate as the engine does (chapter 2, section 2: Hugging Face's "rotate half"
+# layout, the frequency of pair `i` is `theta ** (-2i / D)`). The checker compares in
+# float64 to 1e-8, at positions in the thousands.
 #
 # <details><summary>Hint</summary>
 #
-# Write out the KV head each query head needs for 4 query heads and 2 KV heads: is it
-# 0,1,0,1 or 0,0,1,1? Of torch's two ways of repeating along a dimension, one tiles the
-# whole tensor, the other repeats each element in place.
-#
-# </details>
-
-# %%
-def repeat_kv(k, num_heads):
-    ### BEGIN SOLUTION
-    return k.repeat_interleave(num_heads // k.shape[1], dim=1)
-    ### END SOLUTION
-
-
-# %%
-ex.check_repeat_kv(repeat_kv)  # points: 1
-
-
-# %% [markdown]
-# ## 3. The SwiGLU MLP
-#
-# `swiglu(x, gate_w, up_w, down_w)`: `x: [T, d]`, `gate_w, up_w: [f, d]`,
-# `down_w: [d, f]` (PyTorch's `nn.Linear` layout: out x in). Return
-# `down(silu(gate(x)) * up(x))`.
-#
-# <details><summary>Hint</summary>
-#
-# `nn.Linear` stores its weight as out x in: which side of `x` does it go on, and which
-# way round? Of the two projections, which one passes through SiLU, and which one only
-# scales it?
-#
-# </details>
-
-# %%
-def swiglu(x, gate_w, up_w, down_w):
-    ### BEGIN SOLUTION
-    return (F.silu(x @ gate_w.T) * (x @ up_w.T)) @ down_w.T
-    ### END SOLUTION
-
-
-# %%
-ex.check_swiglu(swiglu)  # points: 1
-
-# %% [markdown]
-# ## 4. RoPE
-#
-# `rope(x, positions, theta)`: `x` is `[T, H, D]`, `positions` the absolute
-# position of each row `[T]`. Pair dimension `i` with `i + D/2` (Hugging
-# Face's "rotate half" layout) and rotate each pair by the angle
-# `position * theta ** (-2i / D)`, for `i` in `0 .. D/2 - 1`. The checker compares in
-# float64 to 1e-8, so compute the frequencies **and** the angles in float64: torch makes
-# float32 by default (`torch.arange(n) * 2 / D` is float32), and a float32 angle at
-# position 4000 is already off by about 1e-4 radians.
-#
-# <details><summary>Hint</summary>
-#
-# Build one angle per (row, pair): which tensor has one entry per row, which one per pair,
-# and how do they broadcast to `[T, D/2]`? Rotating a pair `(a, b)` by an angle is the 2-D
-# rotation you know; here `a` is in the first half of the head and `b` in the second. The
-# angles have no head axis: where must one go so that every head of a row turns alike?
-# Print the dtype of every intermediate tensor once.
+# Which tensor has one entry per row, which one per pair, and how do they broadcast to one
+# angle per (row, pair)? Where must an axis go so that every head of a row turns alike? And
+# print the dtype of every intermediate tensor once: torch makes float32 unless asked.
 #
 # </details>
 
@@ -126,25 +44,75 @@ def rope(x, positions, theta):
 
 
 # %%
-ex.check_rope(rope)  # points: 2
+ex.check_rope(rope)  # points: 1
+
 
 # %% [markdown]
-# ## 5. Moving cached keys to new positions
+# ## 2. Debug: grouped-query scores without copying K
 #
-# The cache stores K **after** RoPE. Suppose a cached block of keys computed at
-# positions `old_positions` must now serve at `new_positions` (a shared system prompt
-# reused at another offset, or a cache that drops its oldest tokens and shifts the rest
-# down, as StreamingLLM does). The raw keys are gone: only `k_cached`, rotated at the old
-# positions, remains. `move_rope(k_cached, old_positions, new_positions, theta)` returns
-# the keys exactly as RoPE would have rotated them at `new_positions` (float64, to 1e-8).
-# May call your `rope` from task 4; may not call the engine's RoPE functions.
+# Chapter 2, section 3: with grouped-query attention, `Hq` query heads share `Hkv` KV heads.
+# Expanding K to `Hq` heads (a `repeat_interleave`) costs a copy of the keys for every
+# layer and step. The engine's prefix attention avoids it (chapter 1, section 5): it folds
+# the query heads of a group into rows, so each KV head is read as it is. A colleague wrote
+# that fold for the scores, below. On Llama-2-7B (as many KV heads as query heads) its
+# scores are only scaled wrong; on Llama-3-8B (32 query heads, 8 KV heads) they are also
+# paired with the wrong keys.
+#
+# Write `grouped_scores(q, k)`: `q: [n, Hq, D]`, `k: [m, Hkv, D]`, returns the scores
+# `[Hq, n, m]` of query head `h` against its KV head, divided by `sqrt(D)`, **without
+# copying K** (no repeat, expand, gather or concatenation of `k`: the checker watches).
+#
+# <details><summary>Hint</summary>
+#
+# Write down, for 4 query heads and 2 KV heads, which KV head each query head reads. Then
+# look at the reshape below: which query heads end up in the same row group as KV head 0?
+# And is the scale the one the chapter's attention uses?
+#
+# </details>
+
+# %%
+def broken_grouped_scores(q, k):
+    """q [n, Hq, D], k [m, Hkv, D] -> scores [Hq, n, m], K read as it is (not copied)."""
+    n, num_heads, head_dim = q.shape
+    m, num_kv_heads, _ = k.shape
+    q_rows = q.reshape(n, num_heads // num_kv_heads, num_kv_heads, head_dim)   # [n, group, Hkv, D]
+    scores = torch.einsum("ngkd,mkd->kgnm", q_rows, k) / head_dim            # [Hkv, group, n, m]
+    return scores.reshape(num_heads, n, m)
+
+
+# %%
+def grouped_scores(q, k):
+    ### BEGIN SOLUTION
+    n, num_heads, head_dim = q.shape
+    m, num_kv_heads, _ = k.shape
+    q_rows = q.reshape(n, num_kv_heads, num_heads // num_kv_heads, head_dim)   # [n, Hkv, group, D]
+    scores = torch.einsum("nkgd,mkd->kgnm", q_rows, k) / math.sqrt(head_dim)  # [Hkv, group, n, m]
+    return scores.reshape(num_heads, n, m)
+    ### END SOLUTION
+
+
+# %%
+ex.check_grouped_scores(grouped_scores)  # points: 2
+
+# %% [markdown]
+# ## 3. Repair a cache whose keys sit at the wrong positions
+#
+# The cache stores K **after** RoPE. A server ran for a while with the bug chapter 2,
+# section 2 warns about: the keys of each chunk were rotated as if the chunk started at
+# position 0. The
+# same situation arises on purpose when a cached block must serve at another offset (a
+# system prompt reused after a different preamble, or a cache that drops its oldest tokens
+# and shifts the rest down, as StreamingLLM does). Either way the raw keys are gone; only
+# `k_cached`, rotated at `old_positions`, remains. `move_rope(k_cached, old_positions,
+# new_positions, theta)` returns the keys exactly as RoPE would have rotated them at
+# `new_positions` (float64, to 1e-8). You may call your `rope`; not the engine's RoPE.
 #
 # <details><summary>Hint</summary>
 #
 # Chapter 2, section 2: what does a rotation by `a` followed by a rotation by `b` give?
-# The stored key has had one rotation already; which single rotation takes it from where
-# it is to where it must be? Test your answer on one key at old position 5 that must move
-# to position 2.
+# The stored key has had one rotation already; which single rotation takes it from where it
+# is to where it must be? Test your answer on one key at old position 5 that must move to
+# position 2.
 #
 # </details>
 
@@ -159,51 +127,71 @@ def move_rope(k_cached, old_positions, new_positions, theta):
 ex.check_move_rope(move_rope)  # points: 3
 
 # %% [markdown]
-# ## 6. Predict, then measure: how many parameters?
+# ## 4. Predict, then measure: every module's parameters
 #
-# `num_parameters(cfg)`: **predict** the number of parameters of the engine's model for
-# the config `cfg`, from its shapes alone (chapter 2, section 1 shows every module). Mind
-# the fields that change the count: `head_dim` (not always `hidden_size // num_heads`),
-# `num_kv_heads`, `tie_word_embeddings` (the LM head shares the embedding's matrix),
-# `attention_bias` (biases on q, k and v) and `qk_norm` (an RMSNorm weight per head
-# dimension on q and on k). The checker builds each model (on PyTorch's `meta` device,
-# which allocates nothing) and counts; it accepts 0.1%. May not call
-# `cfg.num_parameters()` or build a model.
+# Before building a model, predict what each of its modules holds. `parameter_counts(cfg)`
+# returns a dict from module name to its number of parameters (weights and biases, summed
+# over the layers) for the engine's model of the config `cfg`. The names are the engine's
+# (and Hugging Face's, chapter 2, section 5): `embed_tokens`, `input_layernorm`, `q_proj`,
+# `k_proj`, `v_proj`, `o_proj`, `q_norm`, `k_norm`, `post_attention_layernorm`,
+# `gate_proj`, `up_proj`, `down_proj`, `norm`, `lm_head`; a module the model does not have
+# counts 0 (or is left out). Read every field of `cfg` that changes a shape: `head_dim` is
+# not always `hidden_size // num_heads`, and `num_kv_heads`, `tie_word_embeddings`,
+# `attention_bias` and `qk_norm` matter too. The checker builds each model on PyTorch's
+# `meta` device (no memory) and counts, exactly. May not call `cfg.num_parameters()` or
+# build a model. Before you write it, guess which module holds the most of Llama-3-8B's
+# parameters, and why; the cell after the check tells.
 #
 # <details><summary>Hint</summary>
 #
-# Walk one decoder layer from input to output and write the shape of every weight and
-# bias, in and out: which of them are `hidden_size` wide, which `num_heads * head_dim`,
-# which `num_kv_heads * head_dim`? A norm has one weight per feature. Then what sits
-# outside the layers, before and after them?
+# For each module ask: what goes in, what comes out (which of hidden size, query heads x
+# head dim, KV heads x head dim, intermediate size, vocabulary), and does it have a bias?
+# A norm has one weight per feature it normalises: which features does `q_norm` see? And
+# what does "tied" mean for the number of matrices the model holds?
 #
 # </details>
 
 # %%
-def num_parameters(cfg):
+def parameter_counts(cfg):
     ### BEGIN SOLUTION
-    d, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    attention = d * q + 2 * d * kv + q * d + (q + 2 * kv if cfg.attention_bias else 0) \
-        + (2 * cfg.head_dim if cfg.qk_norm else 0)
-    per_layer = attention + 3 * d * cfg.intermediate_size + 2 * d      # + the two RMSNorms
-    lm_head = 0 if cfg.tie_word_embeddings else cfg.vocab_size * d
-    return cfg.num_layers * per_layer + cfg.vocab_size * d + d + lm_head
+    d, layers, head_dim = cfg.hidden_size, cfg.num_layers, cfg.head_dim
+    q, kv = cfg.num_heads * head_dim, cfg.num_kv_heads * head_dim
+    bias = cfg.attention_bias
+    return {
+        "embed_tokens": cfg.vocab_size * d,
+        "input_layernorm": layers * d, "post_attention_layernorm": layers * d,
+        "q_proj": layers * (d * q + (q if bias else 0)),
+        "k_proj": layers * (d * kv + (kv if bias else 0)),
+        "v_proj": layers * (d * kv + (kv if bias else 0)),
+        "o_proj": layers * q * d,                                  # never a bias
+        "q_norm": layers * head_dim if cfg.qk_norm else 0,         # one weight per head dimension
+        "k_norm": layers * head_dim if cfg.qk_norm else 0,
+        "gate_proj": layers * d * cfg.intermediate_size, "up_proj": layers * d * cfg.intermediate_size,
+        "down_proj": layers * cfg.intermediate_size * d,
+        "norm": d,
+        "lm_head": 0 if cfg.tie_word_embeddings else cfg.vocab_size * d,
+    }
     ### END SOLUTION
 
 
 # %%
-ex.check_num_parameters(num_parameters)  # points: 2
+ex.check_parameter_counts(parameter_counts)  # points: 3
 import minillm                                            # the measurement, after the prediction
 from minillm.model import LlamaModel
 
-llama = minillm.ModelConfig.preset("llama-3-8b")
-with torch.device("meta"):
-    measured = sum(p.numel() for p in LlamaModel(llama).parameters())
-print(f"Llama-3-8B: predicted {num_parameters(llama) / 1e9:.3f} B parameters, measured {measured / 1e9:.3f} B; "
-      f"{2 * measured / 1e9:.1f} GB of weights in bf16")
-assert num_parameters(llama) == measured
+for name in ("llama-3-8b", "qwen3-0.6b"):
+    cfg = minillm.ModelConfig.preset(name)
+    predicted = parameter_counts(cfg)
+    with torch.device("meta"):
+        measured = sum(p.numel() for p in LlamaModel(cfg).parameters())
+    attention = sum(predicted[m] for m in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    mlp = sum(predicted[m] for m in ("gate_proj", "up_proj", "down_proj"))
+    print(f"{name}: predicted {sum(predicted.values()) / 1e9:.3f} B parameters, measured {measured / 1e9:.3f} B; "
+          f"attention {attention / measured:.0%}, MLP {mlp / measured:.0%}, "
+          f"embedding and head {(predicted['embed_tokens'] + predicted['lm_head']) / measured:.0%}")
+    assert sum(predicted.values()) == measured
 
 # %% [markdown]
-# Done: with these layers and your attention from exercises 1 you have every
-# piece of a decoder layer, and RoPE's algebra lets a cache move. Chapter 3 stores K and V
-# so that decoding does not recompute them.
+# Done: RoPE, the grouped-query fold that reads each KV head in place, keys repaired by
+# one more rotation, and where a model's parameters sit. Chapter 3 stores K and V so that
+# decoding does not recompute them.

@@ -1,16 +1,19 @@
 # %% [markdown]
-# # Exercises 5: FLOPs, bytes, intensity and the GEMM tile
+# # Exercises 5: FLOPs, bytes, the ridge point and the GEMM tile
 #
-# Count the work and the memory traffic of a step yourself, from the model's shapes, then
-# use a measurement to size a step. Each check cell compares your numbers with chapter 5's
-# accounting (or with operator times measured on A100 GPUs) and says what is wrong. The
-# accounting module itself is off limits while a check runs (it holds every answer), and
-# half the shapes come as bare objects with only the shape fields (`cfg.hidden_size`,
-# `cfg.q_size`, `cfg.kv_size`, `cfg.intermediate_size`, `cfg.num_layers`,
-# `cfg.num_heads`, `cfg.num_kv_heads`, `cfg.head_dim`, `cfg.vocab_size`): use those, not
-# the config's methods. Tasks 1 and 4 go past what the chapter prints.
+# Three problems chapter 5's counts can answer but the chapter does not: the FLOPs of a
+# layer whose attention has a sliding window, how many decodes a step needs before a GPU
+# stops waiting on memory (if any number will do), and which chunk to schedule when the
+# GEMMs run in tiles. Each check cell compares your numbers with chapter 5's accounting (or
+# with operator times measured on A100 GPUs) and says what is wrong. The accounting module
+# is off limits while a check runs (it holds the counts), and half the shapes come as bare
+# objects with only the shape fields (`cfg.hidden_size`, `cfg.q_size`, `cfg.kv_size`,
+# `cfg.intermediate_size`, `cfg.num_layers`, `cfg.num_heads`, `cfg.num_kv_heads`,
+# `cfg.head_dim`, `cfg.vocab_size`): use those, not the config's methods.
 
 # %%
+import math
+
 import minillm.grading as ex
 from minillm.config import ModelConfig
 from minillm.sim import op_profiles
@@ -23,8 +26,8 @@ cfg = ModelConfig.preset("llama-3-8b")
 # Chapter 5 (section 1) counts one layer's FLOPs for a chunk of `n` new tokens over `c`
 # cached ones under full causal attention. Some models limit attention to a **sliding
 # window**: Mistral-7B's first release lets each query see at most its last 4096 keys,
-# itself included (`sliding_window` in its `config.json`; `ModelConfig.from_hf_config` reads
-# it). Write `layer_flops(cfg, n, c, window=None)`: the FLOPs of one layer for that chunk,
+# itself included (`sliding_window` in its `config.json`; exercises 1 built its mask).
+# Write `layer_flops(cfg, n, c, window=None)`: the FLOPs of one layer for that chunk,
 # without the LM head, when every query attends to at most `window` keys (itself
 # included); `window=None` means full causal attention. The chunk's tokens sit at
 # positions `c` to `c + n - 1` of the sequence.
@@ -33,8 +36,8 @@ cfg = ModelConfig.preset("llama-3-8b")
 # are one fused projection (`cfg.q_size + 2 * cfg.kv_size` outputs); the MLP has a fused
 # gate+up projection (`2 * cfg.intermediate_size` outputs) and a down projection; attention
 # costs `4 * head_dim` FLOPs per (query, key) pair and query head. You may not call
-# `minillm.sim.accounting` (nor the chapter's sketch: it has no window). The checker tries
-# windows shorter than the context, longer, and in between, on fresh model shapes.
+# `minillm.sim.accounting` (nor copy the chapter's sketch: it has no window). The checker
+# tries windows shorter than the context, longer, and in between, on fresh model shapes.
 #
 # <details><summary>Hint</summary>
 #
@@ -56,143 +59,122 @@ def layer_flops(cfg, n, c, window=None):
 
 
 # %%
-ex.check_layer_flops(layer_flops)  # points: 2
+ex.check_layer_flops(layer_flops)  # points: 3
 mistral = ModelConfig.preset("mistral-7b")
 saved = 1 - layer_flops(mistral, 512, 8000, 4096) / layer_flops(mistral, 512, 8000)
 print(f"Mistral-7B, a 512-token chunk over 8000 cached tokens: the window saves {saved:.0%} of a layer's FLOPs")
 assert 0 < saved < 0.5
 
 # %% [markdown]
-# ## 2. KV bytes per token
+# ## 2. Predict, then measure: how many decodes reach the ridge point?
 #
-# `kv_bytes_per_token(cfg, dtype_bytes)`: bytes one token adds to the KV cache, all layers.
-# Use it to recompute the articles' 67,108,864 bytes for a 512-token chunk of Llama-3-8B.
+# Chapter 5, section 4: a decode batch is memory-bound, far below a GPU's ridge point (peak
+# FLOP/s over bandwidth: about 153 FLOP/byte on an A100-80GB). More decodes in one step
+# share the weights' read, so the step's intensity grows with the batch. How many does it
+# take to reach the ridge point, if any number does?
+#
+# `decodes_to_ridge(cfg, context_len, ridge_point, dtype_bytes=2)` returns your prediction:
+# the smallest number of decodes, each over `context_len` cached tokens, whose step's
+# intensity reaches `ridge_point`, or `None` if no number of decodes ever does. Count the
+# step as chapter 5's `step_cost` does, activations left out: intensity = FLOPs / (weight
+# bytes + KV bytes read + KV bytes written). The weights are every layer's four matrices
+# (no norms, no biases here) and the LM head, each read once per step; every decode
+# samples. Before writing code, put a number on Llama-3-8B at a 1024-token context on an
+# A100, and say why. The checker measures with `step_cost` and accepts 1% (or one decode).
 #
 # <details><summary>Hint</summary>
 #
-# What does one token leave behind in one layer, for one KV head? Then how many KV heads
-# (grouped-query attention: not the query heads), and how many layers?
+# Which of the step's FLOPs and bytes grow with the number of decodes `B`, and which are
+# paid once? Write the intensity as a function of `B`. What does it tend to as `B` grows,
+# and what does that limit depend on? Only then solve for `B`.
 #
 # </details>
 
 # %%
-def kv_bytes_per_token(cfg, dtype_bytes):
-    ### BEGIN SOLUTION
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
-    ### END SOLUTION
-
-
-# %%
-ex.check_kv_bytes_per_token(kv_bytes_per_token)  # points: 1
-assert 512 * kv_bytes_per_token(cfg, 2) == 67_108_864
-
-# %% [markdown]
-# ## 3. The traffic and intensity of a mixed step
-#
-# `step_traffic(cfg, requests, dtype_bytes)`: a step is a list of requests
-# `(num_new, num_cached)` or `(num_new, num_cached, samples)`; `samples` (default True)
-# says whether the step computes that request's next-token logits (a decode, or a prompt's
-# last chunk; a middle chunk only fills the cache). Return a dict:
-#
-# * `flops`: every layer's FLOPs for every request (your `layer_flops`), plus the LM head,
-#   `2 * hidden_size * vocab_size` for each request that samples;
-# * `bytes_weights`: every weight read once per step, whatever the number of tokens: the
-#   four matrices of each layer, plus the LM head (`hidden_size x vocab_size`) when any
-#   request samples;
-# * `bytes_kv_read`: each request reads the K and V of its cached tokens once;
-# * `bytes_kv_write`: each new token writes its K and V;
-# * `intensity`: `flops / (bytes_weights + bytes_kv_read + bytes_kv_write)`.
-#
-# (Chapter 5's `step_cost` also counts the activations each operation reads and writes;
-# leave them out here. Norms and biases too: the checked shapes have none.) You may call
-# your own `layer_flops` and `kv_bytes_per_token`, not `minillm.sim.accounting`. Then
-# compare 32 decodes alone with the same decodes sharing a step with a 512-token chunk.
-#
-# <details><summary>Hint</summary>
-#
-# A layer's weight count is the same four matrices whose FLOPs you counted in task 1: what
-# are their shapes? Which requests pay the LM head, and does the LM head's weight read
-# depend on how many of them there are? The KV bytes follow from task 2 and the token
-# counts of the step.
-#
-# </details>
-
-# %%
-def step_traffic(cfg, requests, dtype_bytes):
+def decodes_to_ridge(cfg, context_len, ridge_point, dtype_bytes=2):
     ### BEGIN SOLUTION
     d, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
-    num_sampled = sum(1 for r in requests if len(r) == 2 or r[2])
-    flops = cfg.num_layers * sum(layer_flops(cfg, r[0], r[1]) for r in requests) \
-        + 2 * num_sampled * d * cfg.vocab_size
-    layer_weights = d * (q + 2 * kv) + q * d + d * 2 * inter + inter * d
-    head_weights = d * cfg.vocab_size if num_sampled else 0
-    bytes_weights = (cfg.num_layers * layer_weights + head_weights) * dtype_bytes
-    per_token = kv_bytes_per_token(cfg, dtype_bytes)
-    bytes_kv_read = sum(r[1] for r in requests) * per_token
-    bytes_kv_write = sum(r[0] for r in requests) * per_token
-    return {"flops": flops, "bytes_weights": bytes_weights, "bytes_kv_read": bytes_kv_read,
-            "bytes_kv_write": bytes_kv_write,
-            "intensity": flops / (bytes_weights + bytes_kv_read + bytes_kv_write)}
+    weights = (cfg.num_layers * (d * (q + 2 * kv) + q * d + 3 * d * inter) + d * cfg.vocab_size) * dtype_bytes
+    flops = cfg.num_layers * layer_flops(cfg, 1, context_len) + 2 * d * cfg.vocab_size      # per decode
+    kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
+    per_decode = (context_len + 1) * kv_per_token           # its cache read, its new K and V written
+    # intensity(B) = B * flops / (weights + B * per_decode) -> flops / per_decode as B grows
+    if flops <= ridge_point * per_decode:
+        return None
+    return max(1, math.ceil(ridge_point * weights / (flops - ridge_point * per_decode)))
     ### END SOLUTION
 
 
 # %%
-ex.check_step_traffic(step_traffic)  # points: 2
-mixed = step_traffic(cfg, [(512, 0, False)] + [(1, 1024)] * 32, 2)["intensity"]
-decodes_only = step_traffic(cfg, [(1, 1024)] * 32, 2)["intensity"]
-print(f"32 decodes: {decodes_only:.1f} FLOP/byte; with a 512-token chunk: {mixed:.1f} FLOP/byte")
-assert decodes_only < mixed
+ex.check_decodes_to_ridge(decodes_to_ridge)  # points: 3
+import minillm                                    # the measurement, after the prediction: chapter 5's accounting
+
+step_cost = minillm.accounting.step_cost
+ridge = minillm.hardware.get_hardware("A100-80GB").ridge_point
+for context_len in (128, 512, 1024):
+    batch = decodes_to_ridge(cfg, context_len, ridge)
+    if batch is None:
+        cost = step_cost(cfg, [(1, context_len)] * 4096)
+        reached = cost.flops / (cost.bytes_weights + cost.bytes_kv_read + cost.bytes_kv_write)
+        print(f"Llama-3-8B, context {context_len}: never; 4096 decodes reach {reached:.0f} FLOP/byte "
+              f"(ridge {ridge:.0f})")
+    else:
+        cost = step_cost(cfg, [(1, context_len)] * batch)
+        reached = cost.flops / (cost.bytes_weights + cost.bytes_kv_read + cost.bytes_kv_write)
+        print(f"Llama-3-8B, context {context_len}: {batch} decodes reach {reached:.1f} FLOP/byte (ridge {ridge:.0f})")
 
 # %% [markdown]
-# ## 4. The GEMM tile: choose the budget, not the chunk
+# ## 3. Design: the chunk for a GEMM that runs in tiles
 #
-# A GEMM kernel computes its output in tiles of rows; a step whose rows spill a few past a
-# tile boundary pays for the whole next tile. The measured operator times that chapter 5
-# (section 5) compares the cost model with show it on an A100: one Llama-3-8B layer's four
-# linear operators take 0.377 ms for 128 rows and 0.529 ms for 136 (+40% time for +6%
-# rows), and the times jump again past 256, 384 and 512 rows: the A100's tile is 128
-# rows. The rows of a mixed step's GEMMs are its **chunk plus its decodes** (vLLM's token
-# budget, `max_num_batched_tokens`, counts both).
+# A GEMM kernel computes its output rows in tiles, and a tile costs the same however many
+# of its rows are used. Chapter 5, section 5's operator times measured on an A100 show it:
+# one Llama-3-8B layer's four linear operators take 0.377 ms for 128 rows and 0.529 ms for
+# 136 (+40% time for +6% rows), and the times jump again past 256, 384 and 512 rows: the
+# A100's tile is 128 rows. A mixed step runs its chunk's tokens and its decodes through the
+# same GEMMs (the chapter's introduction: the decodes ride on the chunk's weight read).
 #
-# `tile_aligned_chunk(num_decodes, chunk_size, tile_rows)`: the step will carry
-# `num_decodes` decodes and at most `chunk_size` prefill tokens. Return the chunk to
-# schedule: the largest chunk, no larger than `chunk_size`, for which the step's rows
-# are a whole number of tiles (`chunk_size >= tile_rows` in every case). You may read the
-# profiles (`op_profiles.load_gpu_op_profile`) to look around, but not call
-# `minillm.sim.accounting` or the cost model.
+# `chunk_for_tiles(num_decodes, chunk_size, tile_rows)`: the step will carry `num_decodes`
+# decodes and at most `chunk_size` prefill tokens (`chunk_size >= tile_rows` in every case).
+# Return the chunk, from 1 to `chunk_size` tokens, that carries the
+# most prefill tokens per tile the step's GEMMs compute; among chunks that carry as many,
+# the largest. You may read the profiles (`op_profiles.load_gpu_op_profile`) to look
+# around, but not call `minillm.sim.accounting` or the cost model.
 #
-# **Predict, then measure.** The checker first measures your choice: for each A100 file in
-# `data/gpu-op-profiles` (four models), 8 to 32 decodes and chunks of 256 to 512, it reads
-# the measured time of your step's rows and of the untrimmed `chunk_size + num_decodes`
-# rows, and requires your step to carry its prefill tokens at least 3% cheaper per
-# millisecond (the stated tolerance: a choice that only ties the untrimmed chunk fails).
-# Then it checks the rule exactly on random decode counts, chunk sizes and tiles.
+# The checker first measures your choices: for each A100 file in `data/gpu-op-profiles`
+# (four models), 8 to 32 decodes and chunks of 256 to 512, your step must carry its prefill
+# tokens at least 3% cheaper per millisecond than the untrimmed chunk would. Then, on
+# random decode counts, chunk sizes and tiles, it checks that no other chunk carries more
+# prefill tokens per tile than yours.
 #
 # <details><summary>Hint</summary>
 #
-# Which number must be a multiple of the tile: the chunk, or the rows the GEMM sees? Start
-# from the most rows the step may hold and ask how many of them fall past the last whole
-# tile.
+# Which rows does the GEMM see: the chunk, or more? Write the prefill tokens per tile of a
+# chunk `x` as a function of `x`. Which values of `x` are worth comparing: does a chunk that
+# leaves its last tile half empty ever win? And is trimming always right: try 8 decodes
+# beside a chunk of 503 with tiles of 128.
 #
 # </details>
 
 # %%
-def tile_aligned_chunk(num_decodes, chunk_size, tile_rows):
+def chunk_for_tiles(num_decodes, chunk_size, tile_rows):
     ### BEGIN SOLUTION
-    rows = (num_decodes + chunk_size) // tile_rows * tile_rows
-    return rows - num_decodes
+    def per_tile(chunk):                                   # prefill tokens per tile of the step's GEMMs
+        return chunk / -(-(chunk + num_decodes) // tile_rows)
+    aligned = (num_decodes + chunk_size) // tile_rows * tile_rows - num_decodes   # fills its last tile
+    candidates = [c for c in (aligned, chunk_size) if 0 < c <= chunk_size]        # or keep the nearly full one
+    return max(candidates, key=lambda c: (per_tile(c), c))
     ### END SOLUTION
 
 
 # %%
-ex.check_tile_aligned_chunk(tile_aligned_chunk)  # points: 3
-# Your rule on the measured A100 times: 8 decodes beside a 512-token chunk.
+ex.check_chunk_for_tiles(chunk_for_tiles)  # points: 3
+# Your choice on the measured A100 times: 8 decodes beside a 512-token chunk.
 profile = op_profiles.load_gpu_op_profile(op_profiles.profile_dir() / "a100_Meta-Llama-3-8B.csv")
 linear_ms = {rows: 1e3 * sum(profile.times_s[op][i] for op in ("qkv_proj", "o_proj", "mlp_gate_up_proj",
                                                                "mlp_down_proj"))
              for i, rows in enumerate(profile.num_tokens)}
-chunk = tile_aligned_chunk(8, 512, 128)
-for label, c in (("chunk 512, untrimmed", 512), (f"chunk {chunk}, tile-aligned", chunk)):
+chunk = chunk_for_tiles(8, 512, 128)
+for label, c in (("chunk 512, untrimmed", 512), (f"chunk {chunk}, yours", chunk)):
     print(f"{label:24s} {8 + c} rows: {linear_ms[8 + c]:.3f} ms a layer, "
           f"{c / linear_ms[8 + c]:.0f} prefill tokens per ms")
 assert chunk / linear_ms[8 + chunk] > 512 / linear_ms[520]

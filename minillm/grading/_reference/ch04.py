@@ -1,6 +1,6 @@
-"""Chapter 4's expected values: a chunked prefill built from the engine's pieces (with
-the chapter's bugs on demand), the per-layer KV error when every chunk's positions
-restart at 0 (the chapter's bug 3), and a packed chunked prefill of several prompts."""
+"""Chapter 4's reference answers (teacher only): the mask of a packed step, a locator of the
+first layer, tensor and position where a chunked prefill leaves the full prefill's KV, a
+packed chunked prefill of several prompts, and the work and re-reads of a chunked prefill."""
 from __future__ import annotations
 
 import torch
@@ -9,25 +9,25 @@ from ...attention import AttentionBatch
 from ...kv_cache import BlockManager, PagedKVCache
 from ...prefill import prefill_kv
 
-
-def chunked_prefill(model, token_ids, chunk_size, block_size: int = 16, positions_from_zero: bool = False):
-    T = len(token_ids)
-    blocks = BlockManager(-(-T // block_size), block_size)
-    table = blocks.allocate("prompt", T)
-    cache = PagedKVCache.for_model(model.cfg, blocks.num_blocks, block_size, model.dtype, model.device)
-    for start in range(0, T, chunk_size):
-        end = min(start + chunk_size, T)
-        batch = AttentionBatch([end - start], [start], [table], block_size,
-                               torch.tensor(blocks.slot_mapping("prompt", start, end)))
-        positions = torch.arange(0, end - start) if positions_from_zero else torch.arange(start, end)
-        model(torch.tensor(token_ids[start:end]), positions, batch, cache, backend="reference")
-    return cache.gather(table, T)
+TOLERANCE = 1e-9
 
 
-def position_bug_errors(model, token_ids, chunk_size, block_size: int = 16) -> list[float]:
-    kv = chunked_prefill(model, token_ids, chunk_size, block_size, positions_from_zero=True)
-    full, _ = prefill_kv(model, token_ids)
-    return [(kv[layer] - full[layer]).abs().max().item() for layer in range(model.cfg.num_layers)]
+def step_mask(query_lens, cached_lens):
+    parts = []
+    for q, c in zip(query_lens, cached_lens):
+        query_pos = torch.arange(q)[:, None] + c
+        parts.append(torch.arange(c + q)[None, :] <= query_pos)
+    return torch.block_diag(*parts)
+
+
+def locate_bug(prefill_fn, model, token_ids, chunk_size):
+    error = (prefill_fn(model, token_ids, chunk_size) - prefill_kv(model, token_ids)[0]).abs()  # [L, 2, T, Hkv, D]
+    for layer in range(error.shape[0]):
+        wrong = error[layer].amax(dim=(2, 3)) > TOLERANCE                                        # [2, T]
+        if wrong.any():
+            which = "both" if wrong.any(1).all() else "KV"[int(wrong.any(1).nonzero()[0])]
+            return layer, which, int(wrong.any(0).nonzero()[0])
+    return None
 
 
 def packed_chunked_prefill(model, prompts, chunk_size, block_size: int = 16):
@@ -46,3 +46,9 @@ def packed_chunked_prefill(model, prompts, chunk_size, block_size: int = 16):
         model(tokens, positions, batch, cache, backend="reference")
         done = [ends.get(r, d) for r, d in enumerate(done)]
     return [cache.gather(tables[r], len(p)) for r, p in enumerate(prompts)]
+
+
+def chunked_prefill_work(num_tokens, chunk_size):
+    pairs = num_tokens * (num_tokens + 1) // 2                  # position p sees p + 1 keys, chunked or not
+    cached_reads = sum(range(0, num_tokens, chunk_size))         # chunk k reads the prefix before its start
+    return pairs, cached_reads

@@ -1,7 +1,10 @@
-"""Chapter 5's reference answers, written out from the formulas (not from
-accounting.step_cost, which the checkers forbid while the learner's code runs);
-tests/test_grading_shortcuts.py holds them equal to step_cost."""
+"""Chapter 5's reference answers (teacher only), written out from the formulas (not from
+accounting.step_cost, which the checkers forbid while the learner's code runs); the tests
+hold them equal to step_cost and to the engine's masks."""
 from __future__ import annotations
+
+import math
+from fractions import Fraction
 
 
 def layer_flops(cfg, num_new: int, num_cached: int) -> int:
@@ -14,23 +17,6 @@ def layer_flops(cfg, num_new: int, num_cached: int) -> int:
 
 def kv_bytes_per_token(cfg, dtype_bytes: int) -> int:
     return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
-
-
-def step_traffic(cfg, requests, dtype_bytes: int) -> dict:
-    """FLOPs, weight bytes, KV bytes read and written of one step (no activations, no biases)."""
-    steps = [(r[0], r[1], bool(r[2]) if len(r) == 3 else True) for r in requests]
-    num_sampled = sum(1 for _, _, samples in steps if samples)
-    d, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
-    flops = cfg.num_layers * sum(layer_flops(cfg, n, c) for n, c, _ in steps) \
-        + 2 * num_sampled * d * cfg.vocab_size
-    layer_weights = d * (q + 2 * kv) + q * d + d * 2 * inter + inter * d
-    bytes_weights = (cfg.num_layers * layer_weights + (d * cfg.vocab_size if num_sampled else 0)) * dtype_bytes
-    per_token = kv_bytes_per_token(cfg, dtype_bytes)
-    bytes_kv_read = sum(c for _, c, _ in steps) * per_token
-    bytes_kv_write = sum(n for n, _, _ in steps) * per_token
-    return {"flops": flops, "bytes_weights": bytes_weights, "bytes_kv_read": bytes_kv_read,
-            "bytes_kv_write": bytes_kv_write,
-            "intensity": flops / (bytes_weights + bytes_kv_read + bytes_kv_write)}
 
 
 def window_pairs(num_new: int, num_cached: int, window: int | None) -> int:
@@ -50,6 +36,26 @@ def window_layer_flops(cfg, num_new: int, num_cached: int, window: int | None) -
         + attention
 
 
-def tile_aligned_chunk(num_decodes: int, chunk_size: int, tile_rows: int) -> int:
-    """The largest chunk <= chunk_size whose step (chunk + decodes rows) is a whole number of tiles."""
-    return (num_decodes + chunk_size) // tile_rows * tile_rows - num_decodes
+def decodes_to_ridge(cfg, context_len: int, ridge_point: float, dtype_bytes: int = 2):
+    """Intensity of B decodes = B f / (W + B b): f FLOPs per decode (its layers and its LM-head row), W the
+    weights read once per step, b the bytes per decode (its cache read, its new K and V). It grows with B
+    towards f / b: the smallest B with B f >= ridge (W + B b), or None when f / b <= ridge."""
+    layer_weights = cfg.hidden_size * (cfg.q_size + 2 * cfg.kv_size) + cfg.q_size * cfg.hidden_size \
+        + 3 * cfg.hidden_size * cfg.intermediate_size
+    weights = (cfg.num_layers * layer_weights + cfg.hidden_size * cfg.vocab_size) * dtype_bytes
+    flops = cfg.num_layers * layer_flops(cfg, 1, context_len) + 2 * cfg.hidden_size * cfg.vocab_size
+    per_decode = (context_len + 1) * kv_bytes_per_token(cfg, dtype_bytes)
+    ridge = Fraction(ridge_point)                      # exact: B is a threshold, a float could land on it
+    if flops <= ridge * per_decode:
+        return None
+    return max(1, math.ceil(ridge * weights / (flops - ridge * per_decode)))
+
+
+def chunk_for_tiles(num_decodes: int, chunk_size: int, tile_rows: int) -> int:
+    """Most prefill tokens per tile: the chunk that fills the last whole tile, or the untrimmed chunk
+    when its last tile is so nearly full that it carries more per tile (ties: the larger)."""
+    def per_tile(chunk):
+        return Fraction(chunk, -(-(chunk + num_decodes) // tile_rows))
+    aligned = (num_decodes + chunk_size) // tile_rows * tile_rows - num_decodes
+    candidates = [c for c in (aligned, chunk_size) if 0 < c <= chunk_size]
+    return max(candidates, key=lambda c: (per_tile(c), c))
