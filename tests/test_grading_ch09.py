@@ -3,7 +3,7 @@ message that names it, the chapter's printed code (`one_program`, `key_tiles`, t
 kernels) passes no task, and the references behind the hidden cases agree with the engine.
 
 The two Triton tasks run the learner's kernel in the interpreter: the module skips where
-this process compiles triton for a GPU. ~25 s of CPU on this machine (the kernels' cases).
+this process compiles triton for a GPU. ~16 s of CPU on this machine (the kernels' cases).
 """
 import ast
 import importlib.util
@@ -42,16 +42,20 @@ def printed(name: str):
 
 
 # ---- the handed-out chunk kernel, with some of its bugs repaired ------------------------------
-BUGS = {"diagonal": ("num_unmasked = (first_pos + TILE_N) // TILE_N", "num_unmasked = (first_pos + 1) // TILE_N"),
-        "partial": ("num_tiles = (last_pos + 1) // TILE_N", "num_tiles = last_pos // TILE_N + 1"),
-        "rescale": ("l = l + tl.sum(p, 1)", "l = l * alpha + tl.sum(p, 1)")}
+BUGS = {"base": ("qk_scale = scale ", "qk_scale = scale * 1.4426950408889634 "),
+        "diagonal": ("prefix_end = tl.cdiv(first_q + 1, TILE_N) * TILE_N", "prefix_end = (first_q + 1) // TILE_N * TILE_N"),
+        "last_tile": ("diag_end = (last_q + 1) // TILE_N * TILE_N", "diag_end = last_q + 1")}
+FIXED = {bug: new for bug, (_, new) in BUGS.items()}
 VARIANTS = {                                       # name: (bugs left, extra (old, new) edits)
-    "handed_out": (("diagonal", "partial", "rescale"), ()),
-    "only_rescale_left": (("rescale",), ()),
-    "only_partial_left": (("partial",), ()),
+    "handed_out": (("base", "diagonal", "last_tile"), ()),
+    "only_base_left": (("base",), ()),
+    "only_last_tile_left": (("last_tile",), ()),
     "only_diagonal_left": (("diagonal",), ()),
-    "partial_and_rescale_left": (("partial", "rescale"), ()),
-    "walks_every_tile": ((), (("num_tiles = last_pos // TILE_N + 1", "num_tiles = tl.cdiv(seq_len, TILE_N)"),)),
+    "diagonal_and_last_tile_left": (("diagonal", "last_tile"), ()),
+    "walks_every_tile": ((), ((FIXED["last_tile"], "diag_end = seq_end + TILE_N"),)),
+    "masks_every_tile": ((), ((FIXED["diagonal"], "prefix_end = 0 * TILE_N"),)),
+    "masks_a_whole_tile_more": ((), ((FIXED["diagonal"], "prefix_end = first_q // TILE_N * TILE_N"),)),
+    "base_e_instead": (("base",), (("tl.math.exp2", "tl.exp"),)),
     "acc_not_rescaled": ((), (("acc = acc * alpha[:, None] + tl.dot(p, v)", "acc = acc + tl.dot(p, v)"),)),
 }
 
@@ -64,7 +68,7 @@ def chunk_variants(tmp_path_factory):
     start = source.index("@triton.jit\ndef chunk_kernel(")
     kernel = source[start:source.index("\n\n\n", start)]
     for old, _ in BUGS.values():
-        assert old in kernel
+        assert old in kernel, old
     lines = ["import triton", "import triton.language as tl", ""]
     for name, (left, extra) in VARIANTS.items():
         text = kernel.replace("def chunk_kernel(", f"def {name}(")
@@ -72,7 +76,7 @@ def chunk_variants(tmp_path_factory):
             if bug not in left:
                 text = text.replace(old, new)
         for old, new in extra:
-            assert old in text
+            assert old in text, old
             text = text.replace(old, new)
         lines += [text, "", ""]
     path = tmp_path_factory.mktemp("ch09") / "chunk_variants.py"
@@ -144,19 +148,21 @@ def merge_reads_garbage(seg_out_ptr, seg_lse_ptr, out_ptr, num_segments, HEAD_DI
 
 # ---- the counting tasks' usual slips ----------------------------------------------------------
 def window_tiles(query_lens, cached_lens, tile_n, rows, window, *, diagonal_unmasked=False, floor_query_tiles=False,
-                 ignore_window=False):
+                 ignore_window=False, diagonal_from_last_row=False, padded_rows=False, window_shift=0):
     """A test-local arithmetic answer, with the usual slips as switches."""
     counts = [0, 0, 0]
     for n, c in zip(query_lens, cached_lens):
         num_key_tiles = -(-(c + n) // tile_n)
         for first in range(0, n // rows * rows if floor_query_tiles else n, rows):
-            p0, p1 = c + first, c + min(first + rows, n) - 1
-            w = 10**12 if ignore_window else window
+            p0 = c + first
+            p1 = c + first + rows - 1 if padded_rows else c + min(first + rows, n) - 1
+            w = 10**12 if ignore_window else window + window_shift
+            edge = p1 if diagonal_from_last_row else p0
             for j in range(num_key_tiles):
                 k0, k1 = j * tile_n, (j + 1) * tile_n - 1
                 if k0 > p1 or k1 < p0 - w + 1:
                     counts[2] += 1
-                elif (k0 <= p0 if diagonal_unmasked else k1 <= p0) and k0 >= p1 - w + 1:
+                elif (k0 <= edge if diagonal_unmasked else k1 <= edge) and k0 >= p1 - w + 1:
                     counts[0] += 1
                 else:
                     counts[1] += 1
@@ -177,13 +183,30 @@ def key_tiles_count(query_lens, cached_lens, tile_n, rows, window):
     return tuple(counts)
 
 
-def intensity(cfg, n, c, b, flops_per_mac=2, pairs=None, flop_heads=None, kv_heads=None, writes=True,
-              use_bytes=True):
+def intensity(cfg, n, c, b, kv_b, flops_per_mac=2, pairs=None, flop_heads=None, kv_heads=None, writes=True,
+              use_bytes=True, one_dtype=False):
     pairs = n * c + n * (n + 1) // 2 if pairs is None else pairs
     flops = 2 * flops_per_mac * pairs * cfg.head_dim * (flop_heads or cfg.num_heads)
     kv = (kv_heads or cfg.num_kv_heads) * cfg.head_dim
-    elements = 2 * c * kv + (2 * n * kv + 2 * n * cfg.num_heads * cfg.head_dim if writes else 0)
-    return flops / (elements * (b if use_bytes else 1))
+    kv_elements = 2 * c * kv + (2 * n * kv if writes else 0)
+    q_out_elements = 2 * n * cfg.num_heads * cfg.head_dim if writes else 0
+    if not use_bytes:
+        return flops / (kv_elements + q_out_elements)
+    return flops / (kv_elements * (b if one_dtype else kv_b) + q_out_elements * b)
+
+
+_STEP_COST_SOURCE = __import__("inspect").getsource(step_cost)      # read now: the checker forbids step_cost
+
+
+def chapter5_attention_lines(cfg, n, c, b, kv_b):
+    """Chapter 5's printed step_cost, its attention lines pasted as they are (one dtype for all)."""
+    source = _STEP_COST_SOURCE
+    lines = source[source.index("    # Attention:"):source.index("    per_layer = {")]
+    scope = {"pairs": n * c + n * (n + 1) // 2, "hd": cfg.head_dim, "cfg": cfg, "kv": cfg.kv_size, "q": cfg.q_size,
+             "b": b, "num_cached": c, "num_tokens": n}
+    exec("\n".join(line[4:] for line in lines.splitlines()), scope)
+    return (scope["scores_f"] + scope["values_f"]) / (scope["k_read"] + scope["v_read"] + scope["k_write"]
+                                                      + scope["v_write"] + scope["scores_a"] + scope["values_a"])
 
 
 def launch_variant(query_lens, cached_lens, hkv, group, block_m, tile_n, splits, *, times_splits=False,
@@ -233,20 +256,43 @@ CASES = {
         ("a floor on query tiles (issue 39: 09.3)", lambda *a: window_tiles(*a, floor_query_tiles=True),
          "ceil(n / rows_per_tile) query tiles"),
         ("the window ignored", lambda *a: window_tiles(*a, ignore_window=True), "the window"),
+        ("the diagonal edge from the last row (the trial's 09.3)",
+         lambda *a: window_tiles(*a, diagonal_from_last_row=True), "set by the query tile's FIRST row"),
+        ("padding rows counted (the trial's 09.3)", lambda *a: window_tiles(*a, padded_rows=True),
+         "do not count"),
+        ("a window of W - 1 keys (the trial's 09.3)", lambda *a: window_tiles(*a, window_shift=-1),
+         "W keys in all"),
+        ("a window of W + 1 keys", lambda *a: window_tiles(*a, window_shift=1), "W - 1 before it"),
         ("the chapter's answer, hard-coded", lambda *a: (12, 9, 6), "returned (12, 9, 6)"),
     ]),
     "check_attention_intensity": (ref.attention_intensity, [
-        ("the accounting", lambda cfg, n, c, b: (lambda o: (o["attn_scores"][0] + o["attn_values"][0])
-                                                / (o["attn_scores"][1] + o["attn_values"][1]))(
+        ("the accounting", lambda cfg, n, c, b, kv_b: (lambda o: (o["attn_scores"][0] + o["attn_values"][0])
+                                                      / (o["attn_scores"][1] + o["attn_values"][1]))(
             step_cost(cfg, [(n, c)], dtype_bytes=b).by_op), "minillm.sim.accounting.step_cost"),
+        ("chapter 5's printed lines, one dtype (issue 39: 09.4)", chapter5_attention_lines, "in its own dtype"),
+        ("one dtype for everything", lambda *a: intensity(*a, one_dtype=True), "in its own dtype"),
         ("1 FLOP per multiply-add", lambda *a: intensity(*a, flops_per_mac=1), "half the FLOPs"),
-        ("n * (c + n) pairs", lambda cfg, n, c, b: intensity(cfg, n, c, b, pairs=n * (c + n)), "n * (c + n) pairs"),
-        ("FLOPs per KV head", lambda cfg, n, c, b: intensity(cfg, n, c, b, flop_heads=cfg.num_kv_heads), "QUERY head"),
-        ("K and V per query head", lambda cfg, n, c, b: intensity(cfg, n, c, b, kv_heads=cfg.num_heads),
+        ("n * (c + n) pairs", lambda cfg, n, c, b, kv_b: intensity(cfg, n, c, b, kv_b, pairs=n * (c + n)),
+         "n * (c + n) pairs"),
+        ("n * n / 2 pairs (the trial's 09.4)", lambda cfg, n, c, b, kv_b: intensity(cfg, n, c, b, kv_b,
+                                                                                    pairs=n * c + n * n // 2),
+         "also sees ITSELF"),
+        ("FLOPs per KV head", lambda cfg, n, c, b, kv_b: intensity(cfg, n, c, b, kv_b, flop_heads=cfg.num_kv_heads),
+         "QUERY head"),
+        ("K and V per query head", lambda cfg, n, c, b, kv_b: intensity(cfg, n, c, b, kv_b, kv_heads=cfg.num_heads),
          "num_kv_heads"),
-        ("only the cache read", lambda *a: intensity(*a, writes=False), "writes the new tokens' K and V"),
-        ("elements, not bytes", lambda *a: intensity(*a, use_bytes=False), "dtype_bytes"),
-        ("the decode's 4, always", lambda *a: 4.0, "returned 4.0"),
+        ("only the cache read", lambda *a: intensity(*a, writes=False), "only K and V"),
+        ("the new K and V left out (the trial's 09.4)", lambda cfg, n, c, b, kv_b: 4 * (n * c + n * (n + 1) // 2)
+         * cfg.head_dim * cfg.num_heads / (2 * c * cfg.kv_size * kv_b + 2 * n * cfg.q_size * b),
+         "new tokens' K and V"),
+        ("K and V only (the trial's 09.4)", lambda cfg, n, c, b, kv_b: 4 * (n * c + n * (n + 1) // 2) * cfg.head_dim
+         * cfg.num_heads / (2 * (c + n) * cfg.kv_size * kv_b), "only K and V"),
+        ("the output left out", lambda cfg, n, c, b, kv_b: 4 * (n * c + n * (n + 1) // 2) * cfg.head_dim
+         * cfg.num_heads / (2 * (c + n) * cfg.kv_size * kv_b + n * cfg.q_size * b), "Q (read by the scores) or"),
+        ("everything at the KV cache's byte", lambda cfg, n, c, b, kv_b: intensity(cfg, n, c, kv_b, kv_b),
+         "in its own dtype"),
+        ("elements, not bytes", lambda *a: intensity(*a, use_bytes=False), "dtype's bytes"),
+        ("the decode's 4, always", lambda *a: 4.0, "returned 4"),
     ]),
     "check_merge_kernel": (ref.merge_kernel, [
         ("a plain average", merge_plain_average, "a plain average"),
@@ -272,11 +318,13 @@ CASES = {
 }
 CHUNK_SHORTCUTS = [   # (variant or callable, what the message must say)
     ("handed_out", "the handed-out kernel's results, all its bugs still there"),
-    ("only_rescale_left", "running sum l is not rescaled"),
-    ("only_partial_left", "never visited"),
+    ("only_base_left", "exp2(x) is 2**x"),
+    ("only_last_tile_left", "stops before the tile that holds the last row's key"),
     ("only_diagonal_left", "LAST key is at or before"),
-    ("partial_and_rescale_left", "2 of the handed-out kernel's bugs remain"),
+    ("diagonal_and_last_tile_left", "2 of the handed-out kernel's bugs remain"),
     ("walks_every_tile", "where"),
+    ("masks_every_tile", "masks 9 of its 9 key tiles"),
+    ("base_e_instead", "softmax now runs on exp"),
     ("acc_not_rescaled", "differ from reference_attention"),
 ]
 COPYABLE = {"check_tile_mask"}            # the chapter's one_program holds the mask of a tile
@@ -325,8 +373,72 @@ def test_a_kernel_with_bugs_left_fails_naming_them(variant, says, chunk_variants
         ex.check_fixed_chunk_kernel(getattr(chunk_variants, variant), seed=3)
     first_line = str(failure.value).splitlines()[0]
     assert says in first_line, f"{variant}: {first_line}"
-    if variant in ("handed_out", "partial_and_rescale_left"):      # finding them is the task: not listed
-        assert not any(word in first_line for word in ("LAST key", "never visited", "not rescaled"))
+    if variant in ("handed_out", "diagonal_and_last_tile_left"):      # finding them is the task: not listed
+        assert not any(word in first_line for word in ("LAST key", "last row's key", "exp2"))
+
+
+def test_a_kernel_that_masks_one_tile_more_than_it_must_still_passes(chunk_variants):
+    """Masking the tile that holds the program's first row when that row is the tile's last slot is
+    harmless (the tile needs no mask, but masking it changes no score): only masking tiles every row
+    sees whole, beyond that one, is refused."""
+    ex.check_fixed_chunk_kernel(chunk_variants.masks_a_whole_tile_more, seed=3)
+
+
+@triton.jit
+def always_masked(q_ptr, k_ptr, v_ptr, out_ptr, cached_len, num_new, scale,
+                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, TILE_N: tl.constexpr):
+    """The learner trial's kernel (issue 39, 09.2): one loop over the tiles up to the last row's, every tile
+    masked. Its rows are right; before the mask count it earned the task's points."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + rows[:, None] * HEAD_DIM + dims[None, :], mask=(rows < num_new)[:, None], other=0.0)
+    query_pos = cached_len + rows
+    seq_len = cached_len + num_new
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    last_pos = tl.minimum(cached_len + tl.program_id(0) * BLOCK_M + BLOCK_M, seq_len) - 1
+    for j in range(0, last_pos // TILE_N + 1):
+        keys = j * TILE_N + tl.arange(0, TILE_N)
+        k = tl.load(k_ptr + keys[:, None] * HEAD_DIM + dims[None, :], mask=(keys < seq_len)[:, None], other=0.0)
+        v = tl.load(v_ptr + keys[:, None] * HEAD_DIM + dims[None, :], mask=(keys < seq_len)[:, None], other=0.0)
+        scores = tl.dot(q, tl.trans(k)) * scale * 1.4426950408889634
+        scores = tl.where((keys[None, :] <= query_pos[:, None]) & (keys < seq_len)[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, 1))
+        alpha = tl.math.exp2(m - m_new)
+        p = tl.math.exp2(scores - m_new[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p, v)
+        m = m_new
+    tl.store(out_ptr + rows[:, None] * HEAD_DIM + dims[None, :], acc / l[:, None], mask=(rows < num_new)[:, None])
+
+
+def test_a_kernel_that_masks_every_tile_fails_with_a_named_message():
+    with pytest.raises(AssertionError) as failure:
+        ex.check_fixed_chunk_kernel(always_masked, seed=3)
+    first_line = str(failure.value).splitlines()[0]
+    assert "the rows are right, but it masks" in first_line and "no mask" in first_line, first_line
+
+
+def test_the_handed_out_kernel_cannot_be_repaired_by_diffing_it_against_the_chapter():
+    """Issue 39's trial (09.2) repaired the old handed-out kernel line by line from the printed
+    _attention_tile_program. Now no repaired line is a line of the printed program, and one bug (the
+    softmax's base) has no counterpart there at all: the printed program never calls exp2."""
+    import inspect
+    source = EXERCISE.read_text()
+
+    def code_lines(text):
+        return {re.sub(r"\s+", " ", line.split("#", 1)[0]).strip() for line in text.splitlines()} - {""}
+
+    start = source.index("def chunk_kernel(")
+    handed_out = code_lines(source[start:source.index("\n\n\n", start)])
+    start = source.index("def fixed_chunk_kernel(")
+    repaired = code_lines(source[start:source.index("### END SOLUTION", start)]) - handed_out
+    printed_program = code_lines(inspect.getsource(ta._attention_tile_program))
+    assert len(repaired) >= 3, repaired
+    assert not repaired & printed_program, repaired & printed_program
+    assert "exp2" in source[source.index("def chunk_kernel("):] and "exp2" not in inspect.getsource(
+        ta._attention_tile_program)
 
 
 @pytest.mark.parametrize("fn, says", [
@@ -435,5 +547,49 @@ def test_the_intensity_reference_equals_the_accounting():
             by_op = step_cost(cfg, [(n, c)], dtype_bytes=b).by_op
             expected = (by_op["attn_scores"][0] + by_op["attn_values"][0]) / (by_op["attn_scores"][1]
                                                                              + by_op["attn_values"][1])
-            assert math.isclose(ref.attention_intensity(cfg, n, c, b), expected, rel_tol=1e-12)
-    assert round(ref.attention_intensity(minillm.ModelConfig.preset("llama-3-8b"), 1, 4096, 2), 1) == 4.0
+            assert math.isclose(ref.attention_intensity(cfg, n, c, b, b), expected, rel_tol=1e-12)
+            for kv_b in (1, 2, 4):
+                assert math.isclose(ref.attention_intensity(cfg, n, c, b, kv_b),
+                                    ch09._accounted_intensity(cfg, n, c, b, kv_b), rel_tol=1e-12)
+    llama = minillm.ModelConfig.preset("llama-3-8b")
+    assert round(ref.attention_intensity(llama, 1, 4096, 2, 2), 1) == 4.0
+    assert round(ref.attention_intensity(llama, 1, 4096, 2, 1), 1) == 8.0       # an fp8 cache doubles a decode's
+
+
+def test_chapter_5s_printed_attention_lines_are_what_the_paste_test_lifts():
+    """The lines chapter 5 prints (show_source(step_cost, ...)) hold the attention block the shortcut test
+    pastes; pasted with one dtype they give the accounting's intensity, and fail the fp8 task."""
+    chapter5 = (ROOT / "notebooks" / "src" / "05_flops_and_io.py").read_text()
+    assert 'show_source(step_cost, start="# Per layer."' in chapter5
+    llama = minillm.ModelConfig.preset("llama-3-8b")
+    assert math.isclose(chapter5_attention_lines(llama, 512, 4096, 2, 2), ref.attention_intensity(llama, 512, 4096,
+                                                                                                     2, 2))
+    assert not math.isclose(chapter5_attention_lines(llama, 1, 4096, 2, 1), ref.attention_intensity(llama, 1, 4096,
+                                                                                                       2, 1))
+
+
+# ---- the learner trial of exercises 6-10 (notes/trial_6_10.md), chapter 9's findings -------------------
+def _task_markdown(number: int) -> str:
+    text = EXERCISE.read_text()
+    start = text.index(f"# ## {number}. ")
+    return text[start:text.index("\n# %%\n", start)]
+
+
+def test_09_1_the_hint_does_not_promise_a_condition_the_others_imply():
+    """The trial: the hint promised three conditions, but a slot past the sequence's end is never at or
+    before a real row's position: two conditions (causal, real row) make the mask."""
+    hint = _task_markdown(1)
+    assert "there are three" not in hint and "follows from the others" in hint
+    two_conditions = lambda c, n, f, r, t, b: ((t * b + torch.arange(b))[None, :] <= c + f + torch.arange(r)[:, None]) \
+        & ((f + torch.arange(r)) < n)[:, None]
+    ex.check_tile_mask(two_conditions, seed=3)
+
+
+def test_09_3_the_statement_says_padding_rows_do_not_count_and_both_readings_are_named():
+    """The trial: whether rows past query_len count was unclear, and both readings got a bare
+    `returned (0, 5, 1), expected (3, 2, 1)`."""
+    assert "do not count" in _task_markdown(3)
+    for slip in ("padded_rows", "padding_sees_nothing"):
+        with pytest.raises(AssertionError) as failure:
+            ex.check_count_window_tiles(lambda *a, s=slip: ch09._window_tiles(*a, slip=s))
+        assert "do not count" in str(failure.value).splitlines()[0]

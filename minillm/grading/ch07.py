@@ -22,6 +22,7 @@ from ..sim.hardware import PROFILES, get_hardware
 from ..sim.simulator import simulate
 from ..sim.workloads import long_prompt_interference, poisson_mix
 from ._common import fail as _fail, forbid, learner_call, passed, spy, call_text, checker
+from ._units import units_hint
 
 _HERE = "minillm.grading.ch07."
 _PICK = ("minillm.book.figures.pick_chunk_size", "minillm.book.lab.pick_chunk_size",
@@ -63,33 +64,63 @@ def _floor_cases():
     return cfgs
 
 
-def _floor_mistake(got, cfg, hw, dtype_bytes, expected) -> str:
-    """The usual ways to count a decode's bytes wrong, each named (wrong variants, not the answer)."""
+def _floor_mistake(results) -> str:
+    """The usual ways to count a decode's bytes wrong, each named (wrong variants, not the answer).
+
+    results: [(cfg, hw, dtype_bytes, expected_s, got), ...] over every case, so a slip is named only
+    when it explains ALL of the learner's numbers: on one shape two slips can agree (Llama-2-7B's
+    embedding is exactly the KV cache of 500 tokens)."""
+    cfg, hw, dtype_bytes, expected, got = results[0]
     if not _number(got):
         return "Return the time in seconds, a number. "
-    bandwidth = hw.mem_bandwidth_bytes_s
-    embedding = cfg.vocab_size * cfg.hidden_size * dtype_bytes / bandwidth
-    everything = cfg.num_parameters() * dtype_bytes / bandwidth
-    near = lambda x: x > 0 and abs(got - x) <= FLOOR_TOLERANCE * x
-    if near(everything) or near(expected + embedding):
+
+    def explains(excess_elements) -> bool:
+        """Does got = expected + excess_elements(cfg) weights' time, within the tolerance, in every case?"""
+        return all(_number(g) and abs(g - (e + excess_elements(c) * b / h.mem_bandwidth_bytes_s))
+                   <= FLOOR_TOLERANCE * e for c, h, b, e, g in results)
+
+    def scaled(factor) -> bool:
+        return all(_number(g) and abs(g - e * factor(c, h, b)) <= FLOOR_TOLERANCE * e * factor(c, h, b)
+                   for c, h, b, e, g in results)
+
+    def matches(elements) -> bool:
+        """Does got = elements(cfg) weights' time, within the tolerance, in every case?"""
+        return all(_number(g) and abs(g - elements(c) * b / h.mem_bandwidth_bytes_s) <= FLOOR_TOLERANCE * e
+                   for c, h, b, e, g in results)
+
+    units = units_hint(got, expected)
+    if units and scaled(lambda c, h, b: 1e3):
+        return units
+    vh = lambda c: c.vocab_size * c.hidden_size
+    if matches(lambda c: c.num_parameters()) or explains(vh):
         if cfg.tie_word_embeddings:
             return ("With tied embeddings the LM head IS the embedding table: the decode streams it once, as "
                     "the head. ")
         return ("You count every parameter, the input embedding too: a decode gathers ONE row of the "
                 "embedding table per token, it does not stream the table (chapter 7, section 7). ")
-    if near(expected - embedding):
+    per_token = [((g - e) * h.mem_bandwidth_bytes_s / b) / c.kv_bytes_per_token(1) for c, h, b, e, g in results
+                 if _number(g)]
+    num_tokens = round(sorted(per_token)[len(per_token) // 2]) if per_token else 0
+    if num_tokens >= 1 and explains(lambda c: num_tokens * c.kv_bytes_per_token(1)):
+        return (f"You add a KV cache (about {num_tokens} tokens' worth): the floor is the least a decode step can "
+                "take, and what it must read whatever its context is the weights (a short context reads next "
+                "to no KV). ")
+    if explains(lambda c: -vh(c) if c.tie_word_embeddings else 0) and cfg.tie_word_embeddings:
+        return ("With tied embeddings the table is still read every decode, as the LM head: one [hidden, vocab] "
+                "matmul per step, to get the next token's logits. ")
+    if explains(lambda c: -vh(c)):
         return "A decode also runs the LM head, a [hidden, vocab] matmul, to get its next token's logits. "
-    no_gqa = 2 * cfg.num_layers * cfg.hidden_size * (cfg.q_size - cfg.kv_size) * dtype_bytes / bandwidth
-    if no_gqa and near(expected + no_gqa):
+    if explains(lambda c: 2 * c.num_layers * c.hidden_size * (c.q_size - c.kv_size)) and cfg.q_size != cfg.kv_size:
         return (f"K and V have {cfg.num_kv_heads} heads here, not {cfg.num_heads}: their projections are kv_size "
                 "wide (grouped-query attention), smaller than Q's. ")
-    if near(expected * 1e3):
-        return "That is milliseconds: return seconds. "
-    if dtype_bytes != 2 and near(expected / dtype_bytes * 2):
+    if dtype_bytes != 2 and scaled(lambda c, h, b: 2 / b):
         return f"The weights are {dtype_bytes} byte(s) each here, not 2. "
-    if near(expected * 8) or near(expected / 8):
+    if scaled(lambda c, h, b: 8) or scaled(lambda c, h, b: 1 / 8):
         return "Bits or bytes? The bandwidth is in bytes per second, dtype_bytes in bytes per weight. "
-    return ""
+    if scaled(lambda c, h, b: 1 / h.bandwidth_efficiency):
+        return ("You divide by the bandwidth a kernel achieves (bandwidth_efficiency): the floor is what the "
+                "datasheet's bandwidth allows, mem_bandwidth_bytes_s; no kernel beats it. ")
+    return units
 
 
 @checker
@@ -98,13 +129,17 @@ def check_decode_floor(decode_floor_s, seed: int | None = None):
     must read (accounting.step_cost's bytes_weights, the chapter's count) over the bandwidth."""
     cases = [(cfg, hw_name, dtype_bytes) for cfg in _floor_cases() for hw_name in sorted(PROFILES)
              for dtype_bytes in (1, 2)]
+    results = []
     for cfg, hw_name, dtype_bytes in cases:
         hw = get_hardware(hw_name)
         expected = step_cost(cfg, [(1, 0)], dtype_bytes).bytes_weights / hw.mem_bandwidth_bytes_s
         got = learner_call(decode_floor_s, cfg, hw, dtype_bytes, forbidden=_ACCOUNTING,
                            why="count what a decode reads from the model's shape.")
+        results.append((cfg, hw, dtype_bytes, expected, got))
+    for (cfg, hw, dtype_bytes, expected, got), (_, hw_name, _) in zip(results, cases):
         if not _number(got) or abs(got - expected) > FLOOR_TOLERANCE * expected:
-            hint = _floor_mistake(got, cfg, hw, dtype_bytes, expected)
+            failing = results.index((cfg, hw, dtype_bytes, expected, got))
+            hint = _floor_mistake([results[failing]] + results[:failing] + results[failing + 1:])
             _fail(f"{hint}{cfg.name} on {hw_name} at {dtype_bytes} byte(s) per weight: you return {got!r} s, "
                   f"the least a decode step can take is {expected:.6g} s")
     return passed(f"decode_floor_s: right for {len(_floor_cases())} model shapes x {len(PROFILES)} GPUs x 2 dtypes")
@@ -143,7 +178,15 @@ def check_choose_chunk_size(choose_chunk_size, seed: int | None = None, *, num_c
     tie = [{"chunk_size": "off", "long_ttft_s": 0.5, "itl_max_s": 0.01},
            {"chunk_size": 512, "long_ttft_s": 0.5, "itl_max_s": 0.01},
            {"chunk_size": 256, "long_ttft_s": 0.6, "itl_max_s": 0.005}]
-    fixed = [(tie, 20.0), (tie, 7.0), (tie, 1.0), ([], 50.0), (tie, 0.0)]
+    # A sweep with a 9 s stall first: compared in the wrong unit, the filter keeps a row that misses the
+    # SLO and drops the stalled one, so that slip and no filter at all pick different rows.
+    stalled = [{"chunk_size": 2048, "long_ttft_s": 0.1, "itl_max_s": 9.0},
+               {"chunk_size": 512, "long_ttft_s": 0.2, "itl_max_s": 0.05},
+               {"chunk_size": 64, "long_ttft_s": 0.3, "itl_max_s": 0.001}]
+    # A measured sweep that is not clean: the largest chunk meeting the SLO is not the one with the best TTFT.
+    unclean = [{"chunk_size": 2048, "long_ttft_s": 0.9, "itl_max_s": 0.02},
+               {"chunk_size": 256, "long_ttft_s": 0.4, "itl_max_s": 0.015}]
+    fixed = [(stalled, 7.0), (unclean, 30.0), (tie, 20.0), (tie, 7.0), (tie, 1.0), ([], 50.0), (tie, 0.0)]
     for i in range(num_cases + len(fixed)):
         rows, slo_ms = fixed[i] if i < len(fixed) else (_random_rows(rng), None)
         if slo_ms is None:
@@ -157,6 +200,11 @@ def check_choose_chunk_size(choose_chunk_size, seed: int | None = None, *, num_c
             hint = ""
             if isinstance(got, dict):
                 hint = "Return the row's chunk_size, not the row. "
+            elif meeting and got is None and all(r["itl_max_s"] * 1e3 >= slo_ms for r in meeting):
+                hint = "A row whose worst gap equals the SLO meets it: at most the SLO (<=), not below it. "
+            elif got == _pick(rows, slo_ms * 1e3) or (got is not None and got == _pick(rows, slo_ms * 1e-3)):
+                hint = ("Seconds against milliseconds: itl_max_s is in seconds, itl_slo_ms in milliseconds; "
+                        "compare the two in one unit. ")
             elif meeting and got == min(meeting, key=lambda r: r["itl_max_s"])["chunk_size"]:
                 hint = "You pick the smallest gap; among the rows that meet the SLO, pick the lowest TTFT. "
             elif meeting and got in {r["chunk_size"] for r in meeting
@@ -165,6 +213,10 @@ def check_choose_chunk_size(choose_chunk_size, seed: int | None = None, *, num_c
             elif meeting and got in {r["chunk_size"] for r in rows if r not in meeting
                                      and r["long_ttft_s"] == min(m["long_ttft_s"] for m in rows)}:
                 hint = "Your choice has the lowest TTFT but its worst gap misses the SLO: filter first. "
+            elif meeting and got == max((r["chunk_size"] for r in meeting),
+                                        key=lambda c: math.inf if c == OFF else c):
+                hint = ("You take the largest chunk that meets the SLO (chapter 7's rule on a clean sweep); this "
+                        "sweep need not be clean: rank the rows that meet it by TTFT. ")
             _fail(f"{hint}For an ITL SLO of {slo_ms:.1f} ms and rows [{table}] you chose {got!r}, "
                   f"expected {expected!r} (lowest TTFT among rows meeting the SLO; ties: smaller chunk; "
                   f"None if no row meets it)")
@@ -205,6 +257,9 @@ def _goodput_loads(rng: random.Random, num_cases: int):
 def _goodput_mistake(got, expected, outputs, ttft_slo_s, tpot_slo_s) -> str:
     if not _number(got):
         return "Return requests per second, a number. "
+    if units_hint(got, expected):
+        return ("That is 1000 times off: goodput is requests per SECOND, and every time here (the metrics, the "
+                "SLOs) is in seconds. ")
     finished = [o for o in outputs if o.finished]
     good = expected * (max(o.metrics.finish_time for o in finished) - min(o.metrics.arrival_time for o in finished))
     meets = lambda o: o.metrics.ttft <= ttft_slo_s and (o.metrics.tpot is None or o.metrics.tpot <= tpot_slo_s)
@@ -282,6 +337,26 @@ def _step_of(args, kwargs):
     return [tuple(r) if len(r) == 3 else (*r, True) for r in step]
 
 
+def _show_step(step) -> str:
+    """A step as its prompt chunk first, then its decodes grouped: (512, 0, False) + 4 x (1, 72, True)."""
+    counts = {}
+    for request in sorted(step, key=lambda r: (-r[0], r[1], not r[2])):
+        counts[request] = counts.get(request, 0) + 1
+    return " + ".join(f"{n} x {r}" if n > 1 else str(r) for r, n in counts.items()) or "[]"
+
+
+def _split_step(step, chunk):
+    """(the entry taken for the prompt's chunk, the rest): the chunk itself if the step holds it, else the
+    entry with the chunk's length and cache, else the one with the most new tokens."""
+    if not step:
+        return None, []
+    pick = next((r for r in step if r == chunk), None) or next((r for r in step if r[:2] == chunk[:2]), None) \
+        or max(step, key=lambda r: (r[0], r[1] != chunk[1]))
+    rest = list(step)
+    rest.remove(pick)
+    return pick, rest
+
+
 def _diagnose_steps(where, want, calls):
     """Name the first step the learner priced differently from the simulator's."""
     given = [_step_of(args, kwargs) for args, kwargs in calls]
@@ -294,20 +369,26 @@ def _diagnose_steps(where, want, calls):
         if sorted(mine) == sorted(theirs):
             continue
         chunk = theirs[-1]                       # the engine schedules the decodes first, then the chunk
-        mine_chunk = max(mine, key=lambda r: (r[0], not r[2], r[1])) if mine else None
+        decodes = theirs[:-1]
+        mine_chunk, mine_decodes = _split_step(mine, chunk)
         hint = ""
-        if len(mine) < len(theirs):
+        if len(mine_decodes) < len(decodes):
             hint = "Every step of the prefill also carries one decode per stream. "
         elif mine_chunk[2] and not chunk[2]:
             hint = ("Only the chunk that completes the prompt computes logits (samples=True); an earlier chunk "
                     "only fills the KV cache, and its step runs no LM head for it. ")
+        elif chunk[2] and not mine_chunk[2]:
+            hint = ("The chunk that completes the prompt computes its logits (samples=True): that is where the "
+                    "prompt's first token comes from. ")
         elif mine_chunk[1] != chunk[1]:
             hint = "A chunk attends over everything cached before it: the tokens of the chunks before. "
-        elif sorted(mine) != sorted(theirs) and mine_chunk == chunk:
+        elif mine_chunk[0] != chunk[0]:
+            hint = "The chunks tile the prompt: each takes chunk_size tokens, the last what is left. "
+        elif any(not r[2] for r in mine_decodes):
+            hint = "A decode samples every step: its logits give the stream's next token (samples=True). "
+        elif sorted(mine_decodes) != sorted(decodes):
             hint = "Each stream's cache grows by one token every step: at step k its decode sees context + k. "
-        _fail(f"{hint}{where}: step {k} should be {theirs[:2]}{' + ...' if len(theirs) > 2 else ''} "
-              f"({len(theirs)} requests), you pass {mine[:2]}{' + ...' if len(mine) > 2 else ''} "
-              f"({len(mine)} requests)")
+        _fail(f"{hint}{where}: step {k} should hold {_show_step(theirs)}; you pass {_show_step(mine)}")
 
 
 @checker
@@ -330,6 +411,9 @@ def check_expected_ttft(expected_ttft, seed: int | None = None, *, num_cases: in
         if not _close(got, expected, 1e-9):
             model, hw, length, chunk, n, ctx = case
             where = f"{call_text(expected_ttft, *case)}"
+            if units_hint(got, expected):
+                _fail(f"{units_hint(got, expected)}{where}: you predict {got!r} s, the simulator measures "
+                      f"{expected:.6f} s")
             if not calls:
                 _fail(f"{where}: you never call predict_step. Price each step of the prefill with the cost model; "
                       "the checker measures them with the simulator")
@@ -384,7 +468,9 @@ def _gap_variants(model, hw, prompt_len, chunk, n, ctx):
             f"({prompt_len} = {len(steps) - 1} x {chunk} + {steps[-1][0][0]}): the full chunk before it does "
             "more work. The slowest step is not always the last one. ": price(steps[-1]),
             "Your steps leave out the decodes: every step of the prefill carries one token per stream. ":
-                max(price(step[:1]) for step in steps)}
+                max(price(step[:1]) for step in steps),
+            "Under chunked prefill a stream's decode rides in every chunk's step: its gap is ONE step, not a "
+            "chunk's step plus a decode step. ": max(price(step) for step in steps) + price(steps[0][1:])}
 
 
 @checker
@@ -417,6 +503,9 @@ def check_chunk_for_gap_slo(fn, seed: int | None = None):
                   "or (None, None)")
         chunk, gap_s = got
         table = ", ".join(f"{c}: {measured[c] * 1e3:.2f} ms" for c in ordered)
+        if chunk in measured and units_hint(gap_s, measured[chunk]):
+            _fail(f"{units_hint(gap_s, measured[chunk])}{call}: you predict a worst gap of {gap_s!r} s for chunk "
+                  f"{chunk}; the simulator measures {measured[chunk]:.6f} s (and gap_slo_s is in seconds too)")
         if expected_chunk is None:
             if chunk is not None:
                 _fail(f"{call} returned chunk {chunk!r}; measured worst gaps ({table}) all miss the "

@@ -68,13 +68,15 @@ def check_salted_hashes(fn, seed: int | None = None, *, num_cases: int = 120):
     blocks as before, and no block is shared between salts (or with the unsalted chain)."""
     rng = random.Random(seed)
     forbidden = dict(forbidden=_HASHES, why="chain hash_block yourself, block by block.")
-    for a, b, block_size, shared in _salt_cases(rng, num_cases):
+    for case, (a, b, block_size, shared) in enumerate(_salt_cases(rng, num_cases)):
         expected = prefix_cache.block_hashes(a, block_size)
         plain = list(learner_call(fn, list(a), block_size, None, **forbidden))
         if plain != expected:
             _fail(f"{call_text(fn, a, block_size, None)}: without a salt you returned {len(plain)} hashes, the "
                   f"engine's prefix cache names {len(expected)} blocks{_chain_mistake(plain, expected)}")
         tenant, other = f"tenant-{rng.randrange(1000)}", f"tenant-{1000 + rng.randrange(1000)}"
+        if case % 5 == 1:              # an empty salt is a salt: it must not name blocks as no salt does
+            tenant = ""
         mine_a = list(learner_call(fn, list(a), block_size, tenant, **forbidden))
         mine_b = list(learner_call(fn, list(b), block_size, tenant, **forbidden))
         again = list(learner_call(fn, list(a), block_size, tenant, **forbidden))
@@ -87,8 +89,11 @@ def check_salted_hashes(fn, seed: int | None = None, *, num_cases: int = 120):
             _fail(f"{call} returned {len(mine_a)} hashes; the prompt has {len(expected)} full blocks, salted or not")
         if set(mine_a) & set(expected):
             same = next(i for i, h in enumerate(mine_a) if h in set(expected))
+            empty = (" An empty salt is a salt too: salt='' must keep its requests apart from unsalted ones "
+                     "(test `salt is None`, not the salt's truth)." if tenant == "" else "")
             _fail(f"{call}: block {same} gets the name it has without a salt: a salted request would hit "
-                  "blocks cached by unsalted ones. The salt must change the name of every block of the prompt")
+                  f"blocks cached by unsalted ones. The salt must change the name of every block of the "
+                  f"prompt.{empty}")
         if set(mine_a) & set(theirs):
             same = next(i for i, h in enumerate(mine_a) if h in set(theirs))
             _fail(f"{call}: tenants {tenant!r} and {other!r} give block {same} of the same prompt the same name, "

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ..serve.bench_client import RequestRecord, group_metrics, meets_slo_ms
 from ._common import call_text, checker, fail as _fail, learner_call, passed
+from ._units import units_hint
 
 __all__ = ["check_token_chunk_times", "check_client_metrics", "check_guidellm_names", "check_client_goodput",
            "check_itl_over_tpot"]
@@ -96,6 +97,27 @@ def _parser_crash(error):
     return None
 
 
+def _missed_chunks(got: list, stream: ServedStream) -> str:
+    """Name what the learner's times leave out or add, from what each chunk of the stream held."""
+    expected = stream.chunk_times
+    if len(got) == len(expected) + 1:
+        return "; the usage chunk (choices: []) carries no token"
+    missing = [i for i, t in enumerate(expected) if t not in got]
+    if not missing or len(got) > len(expected):
+        return ""
+    texts = [json.loads(line[len("data: "):]) for _, line in stream.events
+             if line.startswith("data: {") and json.loads(line[len("data: "):]).get("choices")]
+    said = [(c["choices"][0].get("text") if "text" in c["choices"][0] else c["choices"][0]["delta"]["content"])
+            for c in texts]
+    last = len(expected) - 1
+    if missing == [last] or (last in missing and all(said[i] for i in missing if i != last)):
+        return ("; the last chunk, the one that carries finish_reason, still carries a token: finish_reason says "
+                "why the stream ends, not that the chunk is empty")
+    if all(said[i] == "" for i in missing):
+        return "; a chunk whose text is empty still carries a token (vLLM counts it)"
+    return ""
+
+
 @checker
 def check_token_chunk_times(token_chunk_times, seed: int | None = None, *, num_cases: int = 200):
     """token_chunk_times(events) -> the arrival times of the events that carry a token, as
@@ -108,11 +130,9 @@ def check_token_chunk_times(token_chunk_times, seed: int | None = None, *, num_c
         if not isinstance(got, (list, tuple)):
             _fail(f"return a list of times; you returned {got!r}")
         if list(got) != expected:
-            extra = len(got) - len(expected)
-            why = ("; the usage chunk (choices: []) carries no token" if extra == 1 else
-                   "; a chunk whose text is empty still carries a token (vLLM counts it)" if extra < 0 else "")
             kind = "chat" if stream.chat else "completions"
-            _fail(f"for a {kind} stream of {len(expected)} token chunks you returned {len(got)} times{why}")
+            _fail(f"for a {kind} stream of {len(expected)} token chunks you returned {len(got)} "
+                  f"times{_missed_chunks(list(got), stream)}")
     return passed(f"token_chunk_times: {num_cases} streams (completions and chat) read as vllm bench serve reads them")
 
 
@@ -148,16 +168,24 @@ def check_client_metrics(client_metrics, seed: int | None = None, *, num_cases: 
             if not _close(got.get(key), expected[key]):
                 hint = (" (TPOT divides by completion tokens - 1, not by chunks - 1; one token: None)"
                         if key == "tpot" else " (from the POST to the first chunk)")
-                _fail(f"{label}: {key} = {got.get(key)}, expected {expected[key]}{hint}")
+                _fail(f"{units_hint(got.get(key), expected[key])}{label}: {key} = {got.get(key)}, expected "
+                      f"{expected[key]}{hint}")
         itl = list(got.get("itl") or ())
         if len(itl) != len(expected["itl"]) or not all(map(_close, itl, expected["itl"])):
-            _fail(f"{label}: itl = {got.get('itl')}, expected {expected['itl']} (one gap per pair of chunks, as vLLM)")
+            units = units_hint(itl[0], expected["itl"][0]) if len(itl) == len(expected["itl"]) and itl else ""
+            _fail(f"{units}{label}: itl = {got.get('itl')}, expected {expected['itl']} (one gap per pair of chunks, "
+                  "as vLLM)")
         per_token = list(got.get("itl_per_token") or ())
         if len(per_token) != sum(tokens) - 1:
             _fail(f"{label}: itl_per_token has {len(per_token)} gaps, a request of {sum(tokens)} tokens has "
-                  f"{sum(tokens) - 1} (a chunk of k tokens hides k gaps)")
+                  f"{sum(tokens) - 1} (the first chunk of k tokens holds k - 1 gaps, each later chunk of k "
+                  "tokens k: the gap before it and k - 1 inside it)")
         if not all(map(_close, per_token, expected["itl_per_token"])):
             first = next(i for i, (a, b) in enumerate(zip(per_token, expected["itl_per_token"])) if not _close(a, b))
+            units = units_hint(sum(per_token), sum(expected["itl_per_token"]))
+            if units:
+                _fail(f"{units}{label}: itl_per_token adds up to {sum(per_token)}, the server's gaps to "
+                      f"{sum(expected['itl_per_token'])}")
             why = ("the first chunk's extra tokens were produced with the first one"
                    if first < tokens[0] - 1 else "a chunk's tokens were produced evenly over the gap before it")
             _fail(f"{label}: itl_per_token = {[round(g, 4) for g in per_token][:8]}, the server's gaps were "
@@ -202,8 +230,8 @@ def check_guidellm_names(vllm_from_guidellm, seed: int | None = None, *, num_cas
                     why = "the names are swapped: " + hint
                 elif key == "ttft_ms" and n > 1 and _close(got.get(key), expected["e2el_ms"] - n * itl_ms):
                     why = "one gap too many: n tokens have n - 1 gaps between them"
-                elif key == "ttft_ms" and _close(got.get(key), expected[key] * 1e-3):
-                    why = "that is seconds: every number here is in milliseconds"
+                elif units_hint(got.get(key), expected[key], asked="milliseconds"):
+                    why = units_hint(got.get(key), expected[key], asked="milliseconds").rstrip(". ")
                 _fail(f"{call}: {key} = {got.get(key)}, expected {expected[key]} ({why})")
     return passed(f"vllm_from_guidellm: {num_cases} guidellm reports turned back into vLLM's numbers")
 

@@ -117,7 +117,9 @@ assert stalled["tpot"] < 0.011 and max(stalled["itl"]) > 0.2
 # the given `chunk_size` and `token_budget` (`None`, or at least `len(steps_left) + 1`),
 # how many engine steps run from the prompt's arrival to its first token, that step
 # included? Write `passes_to_first_token(policy, prompt_len, steps_left, chunk_size,
-# token_budget)`. Plenty of KV blocks; nothing else arrives.
+# token_budget)`. Plenty of KV blocks; nothing else arrives; and no limit on the number of
+# running requests (`max_num_seqs` is at least `len(steps_left) + 1`, so every stream and the
+# prompt may run at once).
 #
 # Chapter 6 (section 6) counted passes for streams that all outlast the prompt. Here they
 # need not: some finish while the prompt is still prefilling. The checker runs the engine's
@@ -152,8 +154,10 @@ def passes_to_first_token(policy, prompt_len, steps_left, chunk_size, token_budg
     ### END SOLUTION
 
 # %%
-ex.check_passes_to_first_token(passes_to_first_token)  # points: 3
-# vLLM-style, one budget for everything: 64 streams decoding when an 8192-token prompt arrives.
+ex.check_passes_to_first_token(passes_to_first_token)  # points: 4
+# vLLM-style, one budget for everything: 64 streams decoding when an 8192-token prompt arrives
+# (no limit on running requests, as in the task: under a max_num_seqs of 64 the prompt would
+# wait for a stream to leave).
 for left in (5, 500):
     print(f"streams with {left} tokens to go: chunked {passes_to_first_token('chunked', 8192, [left] * 64, 512, 512)}"
           f" passes, decode_first {passes_to_first_token('decode_first', 8192, [left] * 64, 512, 512)}")
@@ -203,8 +207,9 @@ def chunks_for_work_budget(prompt_len, break_even, max_work, decode_contexts):
 # %%
 ex.check_chunks_for_work_budget(chunks_for_work_budget)  # points: 3
 # The `tiny` model (break-even 2944): a 2048-token prompt, 4 streams at 100 cached tokens,
-# a budget of the work of 256 tokens after 1792 cached plus the decodes.
-budget = prefill_work(1792, 256, 2944) + 4 * prefill_work(108, 1, 2944)
+# a budget of the work of 256 tokens after 1792 cached plus the decodes of that eighth step
+# (each stream then has 107 tokens cached).
+budget = prefill_work(1792, 256, 2944) + 4 * prefill_work(107, 1, 2944)
 sizes = chunks_for_work_budget(2048, 2944, budget, [100] * 4)
 print(f"{len(sizes)} steps: {sizes}")
 assert len(sizes) < 8 and sizes[0] > sizes[-2]
@@ -263,19 +268,21 @@ assert schedule_decode_first([1, 2, 3], [(4, 2048)], None, 8) == [(1, 1), (2, 1)
 # Chapter 6 measured the stall: under `prefill_first` one long prompt stops every stream
 # for a whole prefill. Now predict it before anything runs. `num_decoders` streams are
 # decoding, each with `decoder_context` tokens in its KV cache, when a `prompt_len`-token
-# prompt arrives; the policy is `prefill_first`. Write `predicted_stall(model, hardware,
+# prompt arrives; the policy is `prefill_first`, and the newcomer, once it has its first
+# token, keeps generating like the streams. Write `predicted_stall(model, hardware,
 # prompt_len, num_decoders, decoder_context)`: the worst gap, in seconds, between two
 # tokens of a stream, from the cost model's step times `predict_step(model, step,
 # hardware).total` (a step is a list of `(num_new_tokens, num_cached_tokens)`, one per
 # request in it). You may call `predict_step`; not the simulator.
 #
 # The checker then **measures**: the simulator serves the same streams and prompt and
-# reads the streams' max ITL. Your prediction must be within 2% of it.
+# reads the streams' max ITL. It prices its steps with the same cost model, so a right
+# prediction is exact: yours must be within 0.1% of it.
 #
 # <details><summary>Hint</summary>
 #
 # A stream's gap runs from one of its tokens to the next. Which steps end between those two
-# tokens, and what does each of them hold?
+# tokens, and what does each of them hold? Count every request in each of them.
 #
 # </details>
 
@@ -283,11 +290,12 @@ assert schedule_decode_first([1, 2, 3], [(4, 2048)], None, 8) == [(1, 1), (2, 1)
 def predicted_stall(model, hardware, prompt_len, num_decoders, decoder_context):
     ### BEGIN SOLUTION
     prompt_step_s = predict_step(model, [(prompt_len, 0)], hardware).total
-    next_decode_s = predict_step(model, [(1, decoder_context)] * num_decoders, hardware).total
-    return prompt_step_s + next_decode_s
+    # The next step: every stream's decode, and the newcomer's first decode over its whole prompt.
+    next_step = [(1, decoder_context)] * num_decoders + [(1, prompt_len)]
+    return prompt_step_s + predict_step(model, next_step, hardware).total
     ### END SOLUTION
 
 # %%
-ex.check_predicted_stall(predicted_stall)  # points: 5
+ex.check_predicted_stall(predicted_stall)  # points: 4
 stall_s = predicted_stall("llama-3-8b", "A100-80GB", 2048, 4, 72)
 print(f"a 2048-token prompt stalls 4 Llama-3-8B streams on an A100 for {stall_s * 1e3:.0f} ms")

@@ -171,26 +171,29 @@ print(f"8 short prompts within 4 steps behind an 8000-token one: threshold {best
 # ## 5. Which cached blocks an allocation evicts
 #
 # Chapter 8 (section 1) shows how the prefix cache takes a block: a clean block if there
-# is one, else it evicts the least recently used cached block. Work out the order yourself.
+# is one, else it evicts the least recently used cached block. Which block is "least
+# recently used" is not spelled out there: work it out for requests that share prefixes and
+# leave in some order.
 #
 # `eviction_order(tables, finish_order, num_clean, num_needed)`: `tables` maps each
 # request to its block table, a list of block ids; every block in it is full, computed and
 # named in the cache, and requests that share a prefix share its blocks (the same id in
-# several tables, one reference each). The requests in `finish_order` leave, in that
-# order; the others keep running. The pool also holds `num_clean` clean free blocks. Then a
-# new request (no cache hit) takes `num_needed` blocks, one at a time. Return the cached
-# blocks it evicts, in order (taking a clean block is not an eviction).
+# several tables). The requests in `finish_order` leave, in that order; the others keep
+# running. The pool also holds `num_clean` clean free blocks. Then a new request (no cache
+# hit) takes `num_needed` blocks, one at a time. Return the cached blocks it evicts, in
+# order (taking a clean block is not an eviction).
 #
-# The engine's rules: a block is freed when its reference count falls to 0, and a cached
-# block that is freed joins the end of the LRU list; a leaving request releases its
-# blocks **tail first** (its last block first), so a long prefix's tail is evicted before
-# its head. You may not call the block manager (`PrefixCachingBlockManager`, `BlockManager`).
+# Decide for yourself what the chapter leaves open, as a designer of the cache would: when
+# can a shared block be evicted, and in which order does a leaving request's table give up
+# its blocks? A prefix cache wants to keep what the next prompt is most likely to share. The
+# checker runs the engine's block manager on the same pools and names the rule your order
+# breaks. You may not call the block manager (`PrefixCachingBlockManager`, `BlockManager`).
 #
 # <details><summary>Hint</summary>
 #
-# Keep a count of holders per block and an ordered list of evictable blocks. When does a
-# block enter the list, and which end of the list does an allocation take from once the
-# clean blocks are gone?
+# Follow one block from the moment its last reader leaves. Which blocks of a long prompt do
+# other prompts share most often, its first ones or its last ones, and so which should stay
+# cached longest? Then ask which end of your list an allocation takes from.
 #
 # </details>
 

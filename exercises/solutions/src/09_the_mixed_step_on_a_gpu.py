@@ -37,9 +37,9 @@ from minillm.attention import reference_attention
 # <details><summary>Hint</summary>
 #
 # Take one entry, row `r` and slot `k` of the tile: which absolute position does each
-# stand for? Then list every condition under which the answer is True (there are three).
-# Check your mask by hand on a decode (one real row, the rest padding) and on a chunk that
-# starts in the middle of a block.
+# stand for? Then list the conditions under which the answer is True, and ask whether one
+# of them already follows from the others. Check your mask by hand on a decode (one real
+# row, the rest padding) and on a chunk that starts in the middle of a block.
 #
 # </details>
 
@@ -60,50 +60,67 @@ ex.check_tile_mask(tile_mask)  # points: 1
 # %% [markdown]
 # ## 2. Debug: a kernel that returns wrong rows
 #
-# `chunk_kernel` below is chapter 9's program cut down to one request and one head, with
-# no paging: `num_new` queries at positions `[cached_len, cached_len + num_new)` attend to
-# keys `[0, cached_len + num_new)`. `q` and `out` are `[num_new, HEAD_DIM]`, `k` and `v`
-# `[cached_len + num_new, HEAD_DIM]`, all float32 and contiguous; program `i` of the grid
-# `(ceil(num_new / BLOCK_M),)` holds query rows `[i * BLOCK_M, (i + 1) * BLOCK_M)`, walks
-# the keys `TILE_N` at a time, masks only the tiles on its diagonal and skips those past
-# it, with an online softmax. It is wrong: the cell after it compares it with the
-# engine's reference attention. Find every bug (there is more than one), and hand in the
-# repaired kernel as `fixed_chunk_kernel`, with the same arguments. The checker launches
-# it in the interpreter on chunks that start mid-tile, decodes and whole prompts, with
-# several tile sizes, against `reference_attention`, and counts the key tiles it visits.
+# A colleague wrote `chunk_kernel` below: chapter 9's idea for one request and one head,
+# with no paging, laid out as FlashAttention's Triton kernels are. `num_new` queries at
+# positions `[cached_len, cached_len + num_new)` attend to keys `[0, cached_len +
+# num_new)`; `q` and `out` are `[num_new, HEAD_DIM]`, `k` and `v` `[cached_len + num_new,
+# HEAD_DIM]`, all float32 and contiguous. Program `i` of the grid `(ceil(num_new /
+# BLOCK_M),)` holds query rows `[i * BLOCK_M, (i + 1) * BLOCK_M)` and walks the keys
+# `TILE_N` at a time in two loops, as vLLM's `prefix_prefill` kernel does: first the keys
+# that every row of the program sees, with no mask, then the keys across its diagonal,
+# masked; keys past the diagonal are never loaded. Its online softmax works in base 2, as
+# FlashAttention's does (`exp2` is one instruction on a GPU, `exp` is not).
+#
+# It is wrong: the cell after it compares it with the engine's reference attention. Find
+# every bug (there is more than one), and hand in the repaired kernel as
+# `fixed_chunk_kernel`: the same arguments, the same two loops, the softmax still in base 2.
+# The checker launches it in the interpreter on chunks that start mid-tile, decodes and
+# whole prompts, with several tile sizes, against `reference_attention`; it also counts the
+# key tiles each program loads and the ones it masks.
 
 # %%
 @triton.jit
 def chunk_kernel(q_ptr, k_ptr, v_ptr, out_ptr, cached_len, num_new, scale,
                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, TILE_N: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    dims = tl.arange(0, HEAD_DIM)
-    row_valid = rows < num_new
-    q = tl.load(q_ptr + rows[:, None] * HEAD_DIM + dims[None, :], mask=row_valid[:, None], other=0.0)
-    query_pos = cached_len + rows
-    seq_len = cached_len + num_new
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_M], tl.float32)
+    start_m = tl.program_id(0) * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)                 # this program's query rows
+    offs_n = tl.arange(0, TILE_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_pos = cached_len + offs_m                               # their positions in the sequence
+    seq_end = cached_len + num_new                            # keys [0, seq_end)
+    q = tl.load(q_ptr + offs_m[:, None] * HEAD_DIM + offs_d[None, :], mask=offs_m[:, None] < num_new, other=0.0)
+    qk_scale = scale                                          # scores go to exp2
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    first_pos = cached_len + tl.program_id(0) * BLOCK_M
-    last_pos = tl.minimum(first_pos + BLOCK_M, seq_len) - 1
-    num_unmasked = (first_pos + TILE_N) // TILE_N
-    num_tiles = (last_pos + 1) // TILE_N
-    for j in range(0, num_tiles):
-        keys = j * TILE_N + tl.arange(0, TILE_N)
-        key_valid = keys < seq_len
-        k = tl.load(k_ptr + keys[:, None] * HEAD_DIM + dims[None, :], mask=key_valid[:, None], other=0.0)
-        v = tl.load(v_ptr + keys[:, None] * HEAD_DIM + dims[None, :], mask=key_valid[:, None], other=0.0)
-        scores = tl.dot(q, tl.trans(k)) * scale
-        if j >= num_unmasked:
-            scores = tl.where((keys[None, :] <= query_pos[:, None]) & key_valid[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, 1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(scores - m_new[:, None])
-        l = l + tl.sum(p, 1)
+    first_q = cached_len + start_m                            # the program's first and last positions
+    last_q = tl.minimum(first_q + BLOCK_M, seq_end) - 1
+    prefix_end = tl.cdiv(first_q + 1, TILE_N) * TILE_N        # keys [0, prefix_end): no mask needed
+    diag_end = (last_q + 1) // TILE_N * TILE_N                # keys [prefix_end, diag_end): the diagonal
+    for start_n in range(0, prefix_end, TILE_N):
+        k_pos = start_n + offs_n
+        k = tl.load(k_ptr + k_pos[:, None] * HEAD_DIM + offs_d[None, :], mask=k_pos[:, None] < seq_end, other=0.0)
+        v = tl.load(v_ptr + k_pos[:, None] * HEAD_DIM + offs_d[None, :], mask=k_pos[:, None] < seq_end, other=0.0)
+        qk = tl.dot(q, tl.trans(k)) * qk_scale
+        m_ij = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.math.exp2(m_i - m_ij)
+        p = tl.math.exp2(qk - m_ij[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p, v)
-        m = m_new
-    tl.store(out_ptr + rows[:, None] * HEAD_DIM + dims[None, :], acc / l[:, None], mask=row_valid[:, None])
+        m_i = m_ij
+    for start_n in range(prefix_end, diag_end, TILE_N):
+        k_pos = start_n + offs_n
+        k = tl.load(k_ptr + k_pos[:, None] * HEAD_DIM + offs_d[None, :], mask=k_pos[:, None] < seq_end, other=0.0)
+        v = tl.load(v_ptr + k_pos[:, None] * HEAD_DIM + offs_d[None, :], mask=k_pos[:, None] < seq_end, other=0.0)
+        qk = tl.dot(q, tl.trans(k)) * qk_scale
+        qk = tl.where(k_pos[None, :] <= q_pos[:, None], qk, float("-inf"))
+        m_ij = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.math.exp2(m_i - m_ij)
+        p = tl.math.exp2(qk - m_ij[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p, v)
+        m_i = m_ij
+    tl.store(out_ptr + offs_m[:, None] * HEAD_DIM + offs_d[None, :], acc / l_i[:, None], mask=offs_m[:, None] < num_new)
 
 
 # %%
@@ -128,10 +145,11 @@ print(f"chunk_kernel on 37 new tokens over 13 cached: {int(wrong.sum())} of 37 r
 # <details><summary>Hint</summary>
 #
 # Shrink the case until one row is wrong: a chunk that fits one query tile, then one key
-# tile, then a row whose keys sit in two tiles. For each loop bound, ask which tiles it
-# should let through for the tile's first and last rows, and test the bound on a tile that
-# ends exactly at a row and on one that ends past it. For the softmax, write out what `l`
-# must hold after two tiles when the second raises the maximum.
+# tile, then a row whose keys sit in two tiles. For each loop's bounds, ask which keys it
+# lets through for the program's first row and for its last row, and test them on a tile
+# that ends exactly at a row and on one that ends past it. For the softmax, work one row of
+# two keys by hand, once with `exp` and once with what the kernel computes: do the weights
+# agree?
 #
 # </details>
 
@@ -140,34 +158,45 @@ print(f"chunk_kernel on 37 new tokens over 13 cached: {int(wrong.sum())} of 37 r
 def fixed_chunk_kernel(q_ptr, k_ptr, v_ptr, out_ptr, cached_len, num_new, scale,
                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, TILE_N: tl.constexpr):
     ### BEGIN SOLUTION
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    dims = tl.arange(0, HEAD_DIM)
-    row_valid = rows < num_new
-    q = tl.load(q_ptr + rows[:, None] * HEAD_DIM + dims[None, :], mask=row_valid[:, None], other=0.0)
-    query_pos = cached_len + rows
-    seq_len = cached_len + num_new
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_M], tl.float32)
+    start_m = tl.program_id(0) * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, TILE_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_pos = cached_len + offs_m
+    seq_end = cached_len + num_new
+    q = tl.load(q_ptr + offs_m[:, None] * HEAD_DIM + offs_d[None, :], mask=offs_m[:, None] < num_new, other=0.0)
+    qk_scale = scale * 1.4426950408889634                    # log2(e): exp(x) = exp2(x * log2(e))
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    first_pos = cached_len + tl.program_id(0) * BLOCK_M
-    last_pos = tl.minimum(first_pos + BLOCK_M, seq_len) - 1
-    num_unmasked = (first_pos + 1) // TILE_N          # tiles whose LAST key is at or before the first row
-    num_tiles = last_pos // TILE_N + 1                # tiles whose FIRST key is at or before the last row
-    for j in range(0, num_tiles):
-        keys = j * TILE_N + tl.arange(0, TILE_N)
-        key_valid = keys < seq_len
-        k = tl.load(k_ptr + keys[:, None] * HEAD_DIM + dims[None, :], mask=key_valid[:, None], other=0.0)
-        v = tl.load(v_ptr + keys[:, None] * HEAD_DIM + dims[None, :], mask=key_valid[:, None], other=0.0)
-        scores = tl.dot(q, tl.trans(k)) * scale
-        if j >= num_unmasked:
-            scores = tl.where((keys[None, :] <= query_pos[:, None]) & key_valid[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, 1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(scores - m_new[:, None])
-        l = l * alpha + tl.sum(p, 1)                  # what was summed under the old max, rescaled
+    first_q = cached_len + start_m
+    last_q = tl.minimum(first_q + BLOCK_M, seq_end) - 1
+    prefix_end = (first_q + 1) // TILE_N * TILE_N             # whole tiles whose last key is <= first_q
+    diag_end = last_q + 1                                     # every tile whose first key is <= last_q
+    for start_n in range(0, prefix_end, TILE_N):
+        k_pos = start_n + offs_n
+        k = tl.load(k_ptr + k_pos[:, None] * HEAD_DIM + offs_d[None, :], mask=k_pos[:, None] < seq_end, other=0.0)
+        v = tl.load(v_ptr + k_pos[:, None] * HEAD_DIM + offs_d[None, :], mask=k_pos[:, None] < seq_end, other=0.0)
+        qk = tl.dot(q, tl.trans(k)) * qk_scale
+        m_ij = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.math.exp2(m_i - m_ij)
+        p = tl.math.exp2(qk - m_ij[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p, v)
-        m = m_new
-    tl.store(out_ptr + rows[:, None] * HEAD_DIM + dims[None, :], acc / l[:, None], mask=row_valid[:, None])
+        m_i = m_ij
+    for start_n in range(prefix_end, diag_end, TILE_N):
+        k_pos = start_n + offs_n
+        k = tl.load(k_ptr + k_pos[:, None] * HEAD_DIM + offs_d[None, :], mask=k_pos[:, None] < seq_end, other=0.0)
+        v = tl.load(v_ptr + k_pos[:, None] * HEAD_DIM + offs_d[None, :], mask=k_pos[:, None] < seq_end, other=0.0)
+        qk = tl.dot(q, tl.trans(k)) * qk_scale
+        qk = tl.where(k_pos[None, :] <= q_pos[:, None], qk, float("-inf"))
+        m_ij = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.math.exp2(m_i - m_ij)
+        p = tl.math.exp2(qk - m_ij[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p, v)
+        m_i = m_ij
+    tl.store(out_ptr + offs_m[:, None] * HEAD_DIM + offs_d[None, :], acc / l_i[:, None], mask=offs_m[:, None] < num_new)
     ### END SOLUTION
 
 
@@ -182,11 +211,13 @@ ex.check_fixed_chunk_kernel(fixed_chunk_kernel)  # points: 3
 # `SLIDING_WINDOW` and bounds its tile loop with it, so tiles wholly before a query tile's
 # window are skipped like those past its diagonal. For a packed step (each request's new
 # rows cut into query tiles of `rows_per_tile`, its keys into tiles of `tile_n`), count
-# the (query tile, key tile) pairs by kind: **unmasked** (every row of the query tile sees
-# every slot of the key tile), **masked** (some, not all) and **skipped** (none). Each
-# request has `ceil((cached + new) / tile_n)` key tiles; a slot past the sequence's end is
-# seen by nobody. Return `(unmasked, masked, skipped)`, with arithmetic on positions, not
-# by building masks: the checker also asks about a 100,000-token prompt.
+# the (query tile, key tile) pairs by kind: **unmasked** (every real row of the query tile
+# sees every slot of the key tile), **masked** (some, not all) and **skipped** (none). A
+# request's last query tile may be partly filled: its rows past the request's new tokens
+# hold no query and do not count, either way. Each request has `ceil((cached + new) /
+# tile_n)` key tiles; a slot past the sequence's end is seen by nobody. Return
+# `(unmasked, masked, skipped)`, with arithmetic on positions, not by building masks: the
+# checker also asks about a 100,000-token prompt.
 #
 # <details><summary>Hint</summary>
 #
@@ -225,39 +256,49 @@ def count_window_tiles(query_lens, cached_lens, tile_n, rows_per_tile, window):
 ex.check_count_window_tiles(count_window_tiles)  # points: 2
 
 # %% [markdown]
-# ## 4. Arithmetic intensity of one request's attention
+# ## 4. Arithmetic intensity of one request's attention, with an fp8 KV cache
 #
 # Chapter 9 read the arithmetic intensity of one request's attention (its scores and its
-# values, one layer) off chapter 5's accounting. Derive it from the model's shapes:
-# `attention_intensity(cfg, num_new, num_cached, dtype_bytes)` returns FLOPs per byte for
-# a request bringing `num_new` tokens over `num_cached` cached ones, counted as the
-# accounting counts attention (chapter 5 says what it counts and why). Decide which
-# (query, key) pairs do work, what each costs, and which tensors cross HBM. The checker
-# compares with the accounting on decodes and chunks of several models, MHA and GQA, and
-# 1- to 4-byte dtypes; the accounting is switched off while your function runs.
+# values, one layer) off chapter 5's accounting, every tensor in one dtype. A server that
+# stores its KV cache in fp8 (vLLM's `kv_cache_dtype="fp8"`, vllm-project/vllm
+# `docs/source/quantization/fp8_e5m2_kvcache.rst` at commit 440055e) keeps K and V at one
+# byte per element while Q and the attention's output stay in the model's dtype. Derive the
+# intensity from the model's shapes for such a server:
+# `attention_intensity(cfg, num_new, num_cached, dtype_bytes, kv_dtype_bytes)` returns FLOPs
+# per byte for a request bringing `num_new` tokens over `num_cached` cached ones, K and V
+# (read from the cache and written to it) in `kv_dtype_bytes` per element, Q and the output
+# in `dtype_bytes`, counted otherwise as the accounting counts attention (chapter 5 says
+# what it counts and why). Decide which (query, key) pairs do work, what each costs, and
+# which tensors cross HBM. The checker compares with the accounting's counts on decodes and
+# chunks of several models, MHA and GQA, and 1- to 4-byte dtypes; the accounting is switched
+# off while your function runs.
 #
 # <details><summary>Hint</summary>
 #
 # Start from a decode of a model with one KV head and work up: how many keys does the one
 # query see, how many multiply-adds per key and head, and how many elements of K, V, Q
-# and output move? Then ask what grouped-query attention changes in each count, and what
-# a chunk's causal mask changes. The number of layers cancels.
+# and output move, each in which dtype? Then ask what grouped-query attention changes in
+# each count, and what a chunk's causal mask changes. The number of layers cancels.
 #
 # </details>
 
 # %%
-def attention_intensity(cfg: ModelConfig, num_new, num_cached, dtype_bytes):
+def attention_intensity(cfg: ModelConfig, num_new, num_cached, dtype_bytes, kv_dtype_bytes):
     ### BEGIN SOLUTION
     pairs = num_new * num_cached + num_new * (num_new + 1) // 2
     flops = 2 * 2 * pairs * cfg.head_dim * cfg.num_heads
     kv_elements = 2 * (num_cached + num_new) * cfg.num_kv_heads * cfg.head_dim
     q_out_elements = 2 * num_new * cfg.num_heads * cfg.head_dim
-    return flops / ((kv_elements + q_out_elements) * dtype_bytes)
+    return flops / (kv_elements * kv_dtype_bytes + q_out_elements * dtype_bytes)
     ### END SOLUTION
 
 
 # %%
 ex.check_attention_intensity(attention_intensity)  # points: 2
+llama = ModelConfig.preset("llama-3-8b")
+for kv_bytes in (2, 1):
+    print(f"Llama-3-8B, a decode over 4096 tokens, KV cache at {kv_bytes} byte(s): "
+          f"{attention_intensity(llama, 1, 4096, 2, kv_bytes):.2f} FLOP/byte")
 
 # %% [markdown]
 # ## 5. The split-KV merge, in Triton

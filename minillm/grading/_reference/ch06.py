@@ -68,6 +68,6 @@ def schedule_decode_first(decoding, waiting, token_budget, max_num_seqs):
 def predicted_stall(model, hardware, prompt_len, num_decoders, decoder_context):
     from ...sim.simulator import predict_step
     prompt_step_s = predict_step(model, [(prompt_len, 0)], hardware).total
-    next_decode_s = predict_step(model, [(1, decoder_context)] * num_decoders, hardware).total
-    return prompt_step_s + next_decode_s
+    next_step = [(1, decoder_context)] * num_decoders + [(1, prompt_len)]      # the newcomer decodes too
+    return prompt_step_s + predict_step(model, next_step, hardware).total
 

@@ -22,35 +22,47 @@ def tile_mask(cached_len: int, query_len: int, first_row: int, num_rows: int, ti
 
 def _fixed_chunk_kernel(q_ptr, k_ptr, v_ptr, out_ptr, cached_len, num_new, scale,
                         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, TILE_N: tl.constexpr):
-    """The handed-out kernel with its three bugs repaired (the comments say where)."""
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    dims = tl.arange(0, HEAD_DIM)
-    row_valid = rows < num_new
-    q = tl.load(q_ptr + rows[:, None] * HEAD_DIM + dims[None, :], mask=row_valid[:, None], other=0.0)
-    query_pos = cached_len + rows
-    seq_len = cached_len + num_new
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_M], tl.float32)
+    """The handed-out kernel with its three bugs repaired: qk_scale lacked log2(e) (the scores go to
+    exp2), prefix_end rounded up into the diagonal tile, diag_end rounded down past the last row's tile."""
+    start_m = tl.program_id(0) * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, TILE_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_pos = cached_len + offs_m
+    seq_end = cached_len + num_new
+    q = tl.load(q_ptr + offs_m[:, None] * HEAD_DIM + offs_d[None, :], mask=offs_m[:, None] < num_new, other=0.0)
+    qk_scale = scale * 1.4426950408889634                    # log2(e): exp(x) = exp2(x * log2(e))
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    first_pos = cached_len + tl.program_id(0) * BLOCK_M
-    last_pos = tl.minimum(first_pos + BLOCK_M, seq_len) - 1
-    num_unmasked = (first_pos + 1) // TILE_N          # bug 1: (first_pos + TILE_N) // TILE_N unmasked the diagonal
-    num_tiles = last_pos // TILE_N + 1                # bug 2: (last_pos + 1) // TILE_N dropped a partial last tile
-    for j in range(0, num_tiles):
-        keys = j * TILE_N + tl.arange(0, TILE_N)
-        key_valid = keys < seq_len
-        k = tl.load(k_ptr + keys[:, None] * HEAD_DIM + dims[None, :], mask=key_valid[:, None], other=0.0)
-        v = tl.load(v_ptr + keys[:, None] * HEAD_DIM + dims[None, :], mask=key_valid[:, None], other=0.0)
-        scores = tl.dot(q, tl.trans(k)) * scale
-        if j >= num_unmasked:
-            scores = tl.where((keys[None, :] <= query_pos[:, None]) & key_valid[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, 1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(scores - m_new[:, None])
-        l = l * alpha + tl.sum(p, 1)                  # bug 3: l was not rescaled by alpha
+    first_q = cached_len + start_m
+    last_q = tl.minimum(first_q + BLOCK_M, seq_end) - 1
+    prefix_end = (first_q + 1) // TILE_N * TILE_N             # whole tiles whose last key is <= first_q
+    diag_end = last_q + 1                                     # every tile whose first key is <= last_q
+    for start_n in range(0, prefix_end, TILE_N):
+        k_pos = start_n + offs_n
+        k = tl.load(k_ptr + k_pos[:, None] * HEAD_DIM + offs_d[None, :], mask=k_pos[:, None] < seq_end, other=0.0)
+        v = tl.load(v_ptr + k_pos[:, None] * HEAD_DIM + offs_d[None, :], mask=k_pos[:, None] < seq_end, other=0.0)
+        qk = tl.dot(q, tl.trans(k)) * qk_scale
+        m_ij = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.math.exp2(m_i - m_ij)
+        p = tl.math.exp2(qk - m_ij[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p, v)
-        m = m_new
-    tl.store(out_ptr + rows[:, None] * HEAD_DIM + dims[None, :], acc / l[:, None], mask=row_valid[:, None])
+        m_i = m_ij
+    for start_n in range(prefix_end, diag_end, TILE_N):
+        k_pos = start_n + offs_n
+        k = tl.load(k_ptr + k_pos[:, None] * HEAD_DIM + offs_d[None, :], mask=k_pos[:, None] < seq_end, other=0.0)
+        v = tl.load(v_ptr + k_pos[:, None] * HEAD_DIM + offs_d[None, :], mask=k_pos[:, None] < seq_end, other=0.0)
+        qk = tl.dot(q, tl.trans(k)) * qk_scale
+        qk = tl.where(k_pos[None, :] <= q_pos[:, None], qk, float("-inf"))
+        m_ij = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.math.exp2(m_i - m_ij)
+        p = tl.math.exp2(qk - m_ij[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p, v)
+        m_i = m_ij
+    tl.store(out_ptr + offs_m[:, None] * HEAD_DIM + offs_d[None, :], acc / l_i[:, None], mask=offs_m[:, None] < num_new)
 
 
 def count_window_tiles(query_lens, cached_lens, tile_n: int, rows_per_tile: int, window: int) -> tuple[int, int, int]:
@@ -72,15 +84,16 @@ def count_window_tiles(query_lens, cached_lens, tile_n: int, rows_per_tile: int,
     return unmasked, masked, skipped
 
 
-def attention_intensity(cfg, num_new: int, num_cached: int, dtype_bytes: int) -> float:
+def attention_intensity(cfg, num_new: int, num_cached: int, dtype_bytes: int, kv_dtype_bytes: int) -> float:
     """FLOPs per byte of one request's attention (scores and values) in one step, counted as
     accounting.step_cost counts them: 2 * head_dim FLOPs per (query, key) pair and query head for
-    the scores and as many for the values; bytes: the cached K and V read, the new K and V
-    written, Q read and the output written."""
+    the scores and as many for the values; bytes: the cached K and V read and the new K and V
+    written (kv_dtype_bytes each), Q read and the output written (dtype_bytes each)."""
     pairs = num_new * num_cached + num_new * (num_new + 1) // 2
     flops = 4 * pairs * cfg.head_dim * cfg.num_heads
     kv = cfg.num_kv_heads * cfg.head_dim
-    traffic = (2 * num_cached * kv + 2 * num_new * kv + 2 * num_new * cfg.num_heads * cfg.head_dim) * dtype_bytes
+    traffic = (2 * num_cached * kv + 2 * num_new * kv) * kv_dtype_bytes \
+        + 2 * num_new * cfg.num_heads * cfg.head_dim * dtype_bytes
     return flops / traffic
 
 
