@@ -700,7 +700,8 @@ assert price["A100-80GB", True]["linear layers"] > 5                            
 #   is 5% slow at 512 rows and 11% slow at 2048, where this small model's GEMMs run
 #   faster on the H100 than the larger models' the fit also follows.
 #
-# With streams decoding the price grows (the first table of this section). The step
+# With streams decoding the price grows (the three lines printed after the articles' third
+# number). The step
 # times of the run with four streams say where it goes: the prompt's four 508-token steps
 # against the four 512-token chunks of the idle server, and the fifth step.
 
