@@ -219,6 +219,12 @@ QUOTES = [
           "data/bench/serve-side-by-side-2026-12-05.json",
           lambda d: round_ratios(d, "llama.cpp 256", "minillm 256", "itl_p99_ms") +
           round_ratios(d, "minillm 256", "llama.cpp 256", "total_token_throughput")),
+    Quote("docs/benchmarks.md", "x{0.42}-{1.51} on minillm (lower in four rounds), x{0.89}-{1.76} on llama.cpp", SBS,
+          None, "data/bench/serve-side-by-side-2026-12-05.json",
+          lambda d: round_ratios(d, "minillm 256", "minillm", "ttft_ms") +
+          round_ratios(d, "llama.cpp 256", "llama.cpp", "ttft_ms")),
+    Quote("README.md", "the ratio scatters both ways (x{0.42}-{1.51} in six rounds", SBS, None,
+          "docs/benchmarks.md#13", lambda d: round_ratios(d, "minillm 256", "minillm", "ttft_ms")),
     Quote("docs/serving.md", "chunking cut the streams' p99 ITL {4.5}-{13.0}x on minillm and {3.7}-{7.2}x on llama.cpp",
           SBS, None, "data/bench/serve-side-by-side-2026-12-05.json",
           lambda d: round_ratios(d, "minillm", "minillm 256", "itl_p99_ms") +

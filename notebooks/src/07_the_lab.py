@@ -752,12 +752,15 @@ assert steps[0].graph == "none" and unbudgeted_extra_ms > extra_ms[4] + 5
 # counts their decodes, the prompt needs one more step, a light one, and the price grows
 # by about a decode step (the two cells above).
 #
-# In the simulator the price never goes negative: a chunk step can only add time. Runs
-# measured through the server on this book's shared CPU (chapter 10, section 6;
-# `docs/benchmarks.md` section 13) have shown the chunked prompt's TTFT lower than the
-# whole one's three times, in runs whose spread from one round to the next is as large as
-# the difference; none of them shows chunking make a first token come sooner by design,
-# as one article says it does.
+# In the simulator the price never goes negative: a chunk step can only add time. Measured
+# through the server on this book's shared CPU, the long prompt's TTFT with a budget of
+# 256 came out anywhere from x0.42 to x1.51 of the whole prefill's, lower in most rounds
+# (six rounds at load average 4-9, `docs/benchmarks.md` section 13; chapter 10, section 6
+# saw the same): on a busy CPU one long step suffers more from whatever else runs than
+# its pieces do, and that scatter is larger than chunking's price. On a quiet machine
+# the median of five rounds is x1.15 at C=256 (`docs/benchmarks.md` section 1). None of
+# this makes a lower TTFT what chunking is for, as one article says it is: by design it
+# adds passes and re-reads.
 #
 # The KV-write claim (64 MB and ~32 us to write one 512-token chunk of an 8B model's KV):
 
