@@ -343,7 +343,7 @@ assert all(r["interference"]["failed"] == 0 for r in results.values())
 # cores; nine rounds), budget 128 gave a lower p99 ITL than budget 512 in 9 of 9 rounds
 # and budget 512 a lower one than no chunking in 9 of 9, while the TTFT median rose with
 # the smaller budget in only 3 of 9 rounds (128 against 512) and 2 of 9 (512 against
-# none); no chunking had the highest TTFT median in 6 of 9. So the TTFT side of the
+# none); no chunking had the highest TTFT median in 7 of 9. So the TTFT side of the
 # trade-off does not show beyond this machine's noise at this load: the verdict lines
 # above say how this run's rounds came out. It does show where a chunk step costs a
 # weight read, on a GPU (chapter 7, section 3.1). Exercise 3 asks for the goodput of a
