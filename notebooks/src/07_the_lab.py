@@ -755,7 +755,7 @@ assert steps[0].graph == "none" and unbudgeted_extra_ms > extra_ms[4] + 5
 # In the simulator the price never goes negative: a chunk step can only add time. Measured
 # through the server on this book's shared CPU, the long prompt's TTFT with a budget of
 # 256 came out anywhere from x0.42 to x1.51 of the whole prefill's, lower in most rounds
-# (six rounds at load average 4-9, `docs/benchmarks.md` section 13; chapter 10, section 6
+# (nine rounds at load average 4-9, `docs/benchmarks.md` section 13; chapter 10, section 6
 # saw the same): on a busy CPU one long step suffers more from whatever else runs than
 # its pieces do, and that scatter is larger than chunking's price. On a quiet machine
 # the median of five rounds is x1.15 at C=256 (`docs/benchmarks.md` section 1). None of

@@ -397,7 +397,7 @@ else:
 #   runs on 2026-12-05 (load average 5-7) x0.55-0.85 on minillm and x0.71-1.05 on
 #   llama.cpp. By design chunking adds passes to the prompt; on a busy CPU one long step
 #   suffers more from whatever else runs than its pieces do (`docs/benchmarks.md`
-#   section 13 has six rounds of the 2048-token case: x0.42-1.51 on minillm).
+#   section 13 has nine rounds of the 2048-token case: x0.42-1.51 on minillm).
 #   llama.cpp's `-b` is the same knob as vLLM's `--max-num-batched-tokens`.
 # * **The engines differ in where their time goes, not in the trade-off.** llama.cpp
 #   decodes several times faster (the ITL p50 column): it reads the GGUF file's 4-bit
