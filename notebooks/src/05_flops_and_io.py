@@ -454,16 +454,18 @@ for gpu in ("a100", "h100"):
 # %% [markdown]
 # ### How close can a model of tiles and waves come?
 #
-# Misses of 5-17% invite a question: is the model too crude, or is there a floor that
-# no model predicting a GEMM from its shape can go under? Four measurements answer it.
+# Misses of 5-17% invite a question: is the model too crude, or is there a limit that
+# no model predicting a GEMM from its shape can go under? Four measurements bound it.
 #
 # 1. **The same shape, measured twice.** Llama-2-7B's and Llama-3-8B's o_proj are the
 #    same GEMM ([M, 4096] x [4096, 4096]), and so are CodeLlama-34B's and Qwen-72B's
 #    ([M, 8192] x [8192, 8192]). A model that prices a GEMM by its shape must give each
 #    pair one time, so where the two files disagree it misses one of them.
 # 2. **Each file fitted alone.** Fit the factors on one H100 file and test on that same
-#    file: the best this model's form reaches there, below both the shipped (one set per
-#    GPU) and the held-out errors.
+#    file, twice: with the robust loss of the fits above, and with a search that
+#    minimises the 90th percentile itself (the robust loss, log(1 + (e/10%)^2), discounts
+#    exactly the large errors a p90 counts). Each is the best fit a search *found*, so
+#    an upper bound on what this model's form can reach there, not a floor under it.
 # 3. **The slow rows, learned from the other files.** If the GEMM library ran slow at the
 #    same row counts whatever the shape, a held-out file's misses could be learned from
 #    the other files: correct each prediction by their median miss at that row count.
@@ -477,10 +479,12 @@ for pair in op_profiles.same_shape_spread():
           f"{pair['b'][0]}: {pair['rows']} rows, median |difference| {pair['median']:.1%}, "
           f"p90 {pair['p90']:.1%}")
 # the H100's files, where the target is missed (three fits of a few seconds each)
-alone = op_profiles.per_file_fit_errors([p for p in op_profiles.profile_paths() if p.name.startswith("h100")])
-print(f"\n{'file':36s} {'fitted alone: median, p90':>26s} {'held out: p90':>14s}")
+h100_files = [p for p in op_profiles.profile_paths() if p.name.startswith("h100")]
+alone = op_profiles.per_file_fit_errors(h100_files)
+alone_p90 = op_profiles.per_file_p90_fit_errors(h100_files)    # a few seconds a file
+print(f"\n{'file':36s} {'fitted alone: median, p90':>26s} {'fitted to its p90':>18s} {'held out: p90':>14s}")
 for name, (med, p90) in alone.items():
-    print(f"{name:36s} {med:13.1%} {p90:8.1%} {validation[name]['held_out'][1]:13.1%}")
+    print(f"{name:36s} {med:13.1%} {p90:8.1%} {alone_p90[name][1]:15.1%} {validation[name]['held_out'][1]:13.1%}")
 
 # %% slideshow={"slide_type": "subslide"}
 # NBVAL_IGNORE_OUTPUT
@@ -496,6 +500,9 @@ spread = op_profiles.same_shape_spread()
 assert len(spread) == 2 and all(p["median"] < 0.03 and p["p90"] < 0.07 for p in spread)   # quoted below
 h100_alone_p90 = sorted(p90 for _, p90 in alone.values())
 assert h100_alone_p90[-1] > 0.12 and h100_alone_p90[-2] > 0.12                          # two of three
+h100_p90_fit = sorted(p90 for _, p90 in alone_p90.values())
+assert h100_p90_fit[-1] > 0.12 and h100_p90_fit[-2] > 0.12                              # still two of three
+assert all(alone_p90[name][1] <= alone[name][1] + 1e-9 for name in alone)               # it starts there
 assert all(alone[name][1] <= validation[name]["held_out"][1] + 0.01 for name in alone)
 assert all(r["row_corrected"][1] > 0.12 for r in transfer.values())                    # quoted below
 l2 = transfer["h100_Llama-2-7b-hf.csv"]
@@ -507,8 +514,10 @@ assert l2["row_corrected"][1] > l2["held_out"][1] + 0.03                        
 # its kernel by shape from a table, and a shape's slow bands repeat from file to file
 # (on the H100 at [M, 8192] x [8192, 8192], rows 392-416, 536-640 and 904-1024 run 20-35%
 # slow in both files). A model of tiles and waves cannot derive such a table, and fitted
-# to each file alone it still leaves a 90th percentile above 12% on two of the three H100
-# files: issue 28's held-out target for the H100 lies under this model's floor. Nor can
+# to each file alone, even by a search on the 90th percentile itself, the best fit we
+# found still leaves it above 12% on two of the three H100 files. Those are upper bounds
+# (a better search could find lower), but they say where the effort went: issue 28's
+# held-out target for the H100 asks this form for more than it gave each file alone. Nor can
 # the bands be learned from the other files by row count: corrected so, the 90th
 # percentile stays above 12% on every H100 file (the four GEMMs: 16-24%), and on
 # Llama-2-7B, the one 4096-wide model, it gets worse. Where the library switches kernels
@@ -533,22 +542,24 @@ for ax, gpu in zip(axes, ("a100", "h100")):
 axes[0].set_ylabel("time ratio, linear ops")
 axes[0].legend(fontsize=7)
 plt.show()
+neighbours = {}
 for gpu, sweep in sweeps.items():
     measured = [m for _, m, _ in sweep]
-    print(f"{gpu}: measured ratio {min(measured):.2f}-{max(measured):.2f} over chunks 384-696")
+    at = {chunk: m for chunk, m, _ in sweep}
+    neighbours[gpu] = at[520] / at[504] - 1
+    print(f"{gpu}: measured ratio {min(measured):.2f}-{max(measured):.2f} over chunks 384-696; "
+          f"chunks of 520 rows against 504: {neighbours[gpu]:+.1%}")
 
 # %% slideshow={"slide_type": "skip"}
 a100_range = [m for _, m, _ in sweeps["a100"]]
 h100_range = [m for _, m, _ in sweeps["h100"]]
 assert min(a100_range) < 0.97 and max(a100_range) > 1.15           # quoted below
 assert min(h100_range) > 1.1 and max(h100_range) > 1.4
-for gpu, sweep in sweeps.items():
-    at = {chunk: m for chunk, m, _ in sweep}
-    assert 0.04 < at[520] / at[504] - 1 < 0.15, gpu                  # 504 vs 520 rows, quoted below
+assert round(neighbours["a100"], 2) == 0.05 and round(neighbours["h100"], 2) == 0.11   # 504 vs 520, quoted below
 
 # %% [markdown]
 # On the A100 the measured ratio runs from below 1 to about 1.2 as the chunk moves, on
-# the H100 from about 1.2 to nearly 1.5; 504 and 520 rows already differ by 5-14%. The
+# the H100 from about 1.2 to nearly 1.5; 504 and 520 rows already differ by 5% (A100) and 11% (H100). The
 # model's steps fall at the same chunk sizes (where a new row of tiles starts a partial
 # wave), but its level is off by several percent on each GPU. So a 2% match at 512 alone
 # would sit inside the ratio's own steps; what carries over is the shape of the curve:

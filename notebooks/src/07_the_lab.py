@@ -544,21 +544,44 @@ for hw_name in ("A100-40GB", "A100-80GB"):
 #   needs 6.5 ms for that alone (8.5 ms on the 40 GB card). A 5 ms step needs a faster GPU
 #   (an H100 is close) or smaller weights (8-bit).
 #
-# The third number: chunking at C=512 "adds about 15 ms" to the long prompt's TTFT.
+# The third number: chunking at C=512 "adds about 15 ms" to the long prompt's TTFT. We
+# run it as vLLM V1 schedules it, with a token budget of 512 a step
+# (`--max-num-batched-tokens 512`, the articles' chunk): the budget counts the decodes
+# too. `Scheduler.schedule` in `vllm/v1/core/sched/scheduler.py` (vLLM commit 00024d3)
+# starts from `token_budget = self.max_num_scheduled_tokens`, schedules the running
+# requests first (the decodes, and a prompt already mid-prefill), each taking
+# `num_new_tokens = min(num_new_tokens, token_budget)` and then
+# `token_budget -= num_new_tokens`, and only then hands what is left to waiting prompts.
+# So with four streams decoding a step holds 4 decodes and 508 prompt tokens, not 512.
 
 # %% slideshow={"slide_type": "subslide"}
-extra_ms = {}
+V1_BUDGET = SchedulerConfig(chunk_size=512, token_budget=512)   # 512 tokens a step, decodes included
+
+
+def long_prompt_run(decoders, sched):
+    """(the simulated run, the long prompt's output, the steps that carried its prompt)."""
+    run = simulate(workloads.long_prompt_interference(prompt_len=2048, num_decoders=decoders), sched,
+                   model="llama-2-7b")
+    long = next(o for o in run.outputs if o.tag == "long")
+    steps = [r for r in run.trace if r.end <= long.metrics.first_token_time
+             and any(rid == long.request_id for rid, _ in r.scheduled)]
+    return run, long, steps
+
+
+extra_ms, whole_ttft_ms, prompt_tokens_per_step = {}, {}, {}
 for decoders in (0, 4, 16):
-    work = workloads.long_prompt_interference(prompt_len=2048, num_decoders=decoders)
-    ttft = {}
-    for name, sched in (("whole", SchedulerConfig(policy="prefill_first")), ("C=512", SchedulerConfig(chunk_size=512))):
-        long = next(o for o in simulate(work, sched, model="llama-2-7b").outputs if o.tag == "long")
-        ttft[name] = long.metrics.ttft
-    print(f"{decoders:2d} streams decoding: TTFT {ttft['whole'] * 1e3:5.0f} ms whole, {ttft['C=512'] * 1e3:5.0f} ms "
-          f"in chunks of 512: +{(ttft['C=512'] - ttft['whole']) * 1e3:.0f} ms")
-    assert ttft["C=512"] > ttft["whole"]
-    extra_ms[decoders] = (ttft["C=512"] - ttft["whole"]) * 1e3
-assert 5 < extra_ms[0] < 15 and extra_ms[4] > 2 * extra_ms[0]
+    _, whole, _ = long_prompt_run(decoders, SchedulerConfig(policy="prefill_first"))
+    _, chunked, steps = long_prompt_run(decoders, V1_BUDGET)
+    whole_ttft_ms[decoders] = whole.metrics.ttft * 1e3
+    extra_ms[decoders] = chunked.metrics.ttft * 1e3 - whole_ttft_ms[decoders]
+    prompt_tokens_per_step[decoders] = [n for r in steps for rid, n in r.scheduled if rid == chunked.request_id]
+    print(f"{decoders:2d} streams decoding: TTFT {whole.metrics.ttft * 1e3:5.0f} ms whole, "
+          f"{chunked.metrics.ttft * 1e3:5.0f} ms with a 512-token budget: +{extra_ms[decoders]:.0f} ms; "
+          f"the prompt's tokens per step {prompt_tokens_per_step[decoders]}")
+    assert chunked.metrics.ttft > whole.metrics.ttft
+    assert all(r.num_prefill_tokens + r.num_decode_tokens <= 512 for r in steps)
+assert prompt_tokens_per_step == {0: [512] * 4, 4: [508] * 4 + [16], 16: [496] * 4 + [64]}
+assert 5 < extra_ms[0] < 15 and extra_ms[4] > extra_ms[0] + 5
 
 # %% [markdown]
 # Where do the extra milliseconds come from on an idle server? The articles reason that
@@ -612,14 +635,13 @@ assert abs(penalty["a100"]) < 0.01 and 0.20 < penalty["h100"] < 0.23            
 # graph ran and why:
 
 # %%
-run = simulate(workloads.long_prompt_interference(prompt_len=2048, num_decoders=4), SchedulerConfig(chunk_size=512),
-               model="llama-2-7b")
+run, _, _ = long_prompt_run(4, V1_BUDGET)
 shown = set()
 for record in run.trace:                       # the first step of each kind and graph
     if (record.kind, record.graph) not in shown:
         shown.add((record.kind, record.graph))
         print(f"step at {record.start * 1e3:6.1f} ms, {record.duration * 1e3:5.1f} ms: {record.reason}")
-assert {r.graph for r in run.trace} >= {"full", "none"}
+assert {r.graph for r in run.trace} == {"full", "piecewise"}       # no step above the capture size
 
 # %% [markdown]
 # Now the model's decomposition of the +C=512 price for the lone prompt, by term, on both
@@ -659,7 +681,6 @@ for hw_name in ("A100-80GB", "H100-SXM"):
     assert abs(over["small kernels"]) < 0.3 and over["attention"] < 1
 assert abs(measured_linear["A100-80GB"]) < 1 and 6 < measured_linear["H100-SXM"] < 8
 assert price["A100-80GB", True]["linear layers"] > 5                                # the fit's error, quoted
-assert 25 < extra_ms[4] < 35                                                        # "about 30 ms"
 
 # %% [markdown]
 # Read the table term by term:
@@ -679,16 +700,67 @@ assert 25 < extra_ms[4] < 35                                                    
 #   is 5% slow at 512 rows and 11% slow at 2048, where this small model's GEMMs run
 #   faster on the H100 than the larger models' the fit also follows.
 #
+# With streams decoding the price grows (the three lines printed after the articles' third
+# number). The step
+# times of the run with four streams say where it goes: the prompt's four 508-token steps
+# against the four 512-token chunks of the idle server, and the fifth step.
+
+# %%
+idle_chunks_ms = sum(predict_step(l2, [(512, cached, cached == 1536)], "A100-80GB").total
+                     for cached in (0, 512, 1024, 1536)) * 1e3
+decode_step_ms = {}
+for decoders in (4, 16):
+    run, _, steps = long_prompt_run(decoders, V1_BUDGET)
+    riding = sum(r.duration for r in steps[:4]) * 1e3 - idle_chunks_ms
+    fifth = steps[4].duration * 1e3
+    before = [r for r in run.trace if r.end <= steps[0].start and r.num_prefill_tokens == 0][-1]
+    decode_step_ms[decoders] = before.duration * 1e3
+    print(f"{decoders:2d} streams: +{extra_ms[decoders]:.1f} ms = the idle price {extra_ms[0]:.1f} "
+          f"+ the decodes in four steps {riding:+.1f} + a fifth step of {steps[4].num_prefill_tokens} prompt tokens "
+          f"and {decoders} decodes, {fifth:.1f} ms (the step of the {decoders} decodes alone before it: "
+          f"{decode_step_ms[decoders]:.1f} ms)")
+    assert abs(extra_ms[decoders] - (extra_ms[0] + riding + fifth)) < 0.5
+    assert riding < 1.5 and decode_step_ms[decoders] < fifth < 1.3 * decode_step_ms[decoders]
+# The same chunk without a budget (chunk_size=512 alone, as this section once ran it):
+# 512 prompt tokens plus 4 decodes is a step of 516 rows, above the largest capture size.
+_, unbudgeted, steps = long_prompt_run(4, SchedulerConfig(chunk_size=512))
+unbudgeted_extra_ms = unbudgeted.metrics.ttft * 1e3 - whole_ttft_ms[4]
+print(f"chunk_size=512, no budget, 4 streams: {steps[0].reason.split(';')[0]}, {steps[0].duration * 1e3:.1f} ms "
+      f"a step: TTFT +{unbudgeted_extra_ms:.0f} ms")
+assert steps[0].graph == "none" and unbudgeted_extra_ms > extra_ms[4] + 5
+
+# %% [markdown]
+# The decodes themselves cost little: four 508-token steps that carry them take within a
+# millisecond of four 512-token chunks alone (they attend over their contexts, but a
+# decode's row is a small share of a 512-row step). What is left is **one more step**:
+# the decodes take 4 (or 16) of each step's 512 tokens, so 2048 prompt tokens no longer
+# fit in four steps, and a fifth carries the last 16 (or 64). A step that light is
+# priced like a decode step, the weight read. Here, and only here, the articles'
+# reasoning (an extra step costs a decode step) holds, for one step rather than three.
+# Without a budget the trace showed something else: `chunk_size=512` alone schedules
+# 512 prompt tokens *plus* the decodes, a 516-row step above the largest capture size,
+# which runs eagerly and costs several milliseconds more per step (the last line above);
+# that was an artefact of the setting, not of chunking.
+#
 # **So the articles' ~15 ms has neither the right size nor the right reason.** On an
-# idle A100 under vLLM V1's defaults, chunking a 2048-token prompt at C=512 costs its
-# first token well under a millisecond (the attention re-reads, +0.7 ms; the GEMMs
-# nothing), and 6 ms more only where the host's work is not overlapped. On an H100 it
-# costs about 8 ms, almost all of it the real GEMM penalty of 512-row steps. An extra chunk step is not a
-# decode step: it is a compute-bound step whose weight read hides under its compute. With
-# streams decoding, each chunk also carries their decodes, which attend over their whole
-# context, and the extra grows (the simulator above: about 30 ms with 4 streams).
-# It never goes negative: chunking does not make the long prompt's first token come sooner
-# (one article says it does).
+# idle A100 under vLLM V1's graph and scheduling defaults, chunking a 2048-token prompt
+# at C=512 costs its first token well under a millisecond (the attention re-reads,
+# +0.7 ms; the GEMMs nothing), and 6 ms more only where the host's work is not
+# overlapped. On an H100 it costs about 8 ms, almost all of it the real GEMM penalty of
+# 512-row steps. An extra chunk step is not a decode step: it is a compute-bound step
+# whose weight read hides under its compute. With streams decoding and a budget that
+# counts their decodes, the prompt needs one more step, a light one, and the price grows
+# by about a decode step (the two cells above).
+#
+# In the simulator the price never goes negative: a chunk step can only add time. Measured
+# through the server on this book's shared CPU, the long prompt's TTFT with a budget of
+# 256 came out anywhere from x0.42 to x1.51 of the whole prefill's, lower in most rounds
+# (nine rounds at load average 4-9, `docs/benchmarks.md` section 13; chapter 10, section 6
+# saw the same): on a busy CPU one long step suffers more from whatever else runs than
+# its pieces do, and that scatter is larger than chunking's price. On a quiet machine
+# the median of five rounds is x1.15 at C=256 (`docs/benchmarks.md` section 1). None of
+# this makes a lower TTFT what chunking is for, as one article says it is: by design it
+# adds passes and re-reads.
 #
 # The KV-write claim (64 MB and ~32 us to write one 512-token chunk of an 8B model's KV):
 
@@ -902,8 +974,9 @@ assert biggest_step[lab.OFF] >= 512 and biggest_step[64] <= 64 + 2
 #   decode is below an A100's memory floor for a 7B in bf16, the 64 MiB KV write holds.
 #   The ~15 ms extra TTFT at C=512 has neither the right size nor the right reason: the
 #   measured operator sums show no GEMM penalty on an A100 (+21% on an H100), attention
-#   re-reads add under 1 ms, and the host's 2 ms a step costs only without async
-#   scheduling; with streams decoding the extra grows to ~30 ms.
+#   re-reads add under 1 ms, and the host's assumed 2 ms a step costs only without async
+#   scheduling. With streams decoding under a budget that counts their decodes (vLLM
+#   V1's), the prompt needs one light step more, priced like a decode step.
 # * A roofline with fitted tiles, waves and efficiencies predicts the linear kernels
 #   measured on an A100 and an H100 to a median of 3-5% (A100) and 3-8% (H100) for a
 #   model shape held out of the fit, and this machine's whole steps to about 10% on a
