@@ -1124,12 +1124,11 @@ if device.type == "cpu":                             # a whole document's step a
 # * Policies, chunk sizes and preemption change when tokens come out, never which
 #   tokens: greedy outputs are identical across all of them.
 #
-# **Exercises** (`exercises/06_the_scheduler.ipynb`): write the chunked policy as a pure
-# function and check it against the engine's `Scheduler`; compute TTFT, TPOT and ITL from
-# timestamps; predict how many steps a prompt needs for a chunk size and token budget;
-# split a prompt into chunks of equal work; write the `decode_first` policy's step; and
-# predict the stall a prompt causes under `prefill_first` with `predict_step`, then let the
-# simulator measure it.
+# **Exercises** (`exercises/06_the_scheduler.ipynb`): repair a colleague's chunked step;
+# TTFT, TPOT and ITL from timestamps; count the passes a newcomer waits under each policy
+# while streams finish; design chunks for a per-step work budget; write the `decode_first`
+# step; predict the stall a prompt causes under `prefill_first`, then let the simulator
+# measure it.
 #
 # **Next:** the tiny model on one CPU shows the mechanism; chapter 7 simulates the same
 # scheduler on real models and GPUs, where you choose the chunk size.

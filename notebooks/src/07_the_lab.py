@@ -984,7 +984,7 @@ assert biggest_step[lab.OFF] >= 512 and biggest_step[64] <= 64 + 2
 #   measured. A step's fixed cost depends on how it runs: a full CUDA graph for decodes,
 #   piecewise for mixed steps, eager above the capture size, host work hidden or not.
 #
-# **Exercises:** `exercises/07_the_lab.ipynb`: compute the fastest a decode step can be,
-# choose a chunk size from a sweep, find the goodput of a policy (some requests unfinished),
-# count the steps of a chunked prefill to predict its TTFT, and predict the largest chunk that
-# meets a worst-gap target, then let the simulator measure it.
+# **Exercises:** `exercises/07_the_lab.ipynb`: bound a decode step by what it must read;
+# choose a chunk size from a sweep; repair the chapter's goodput for a live server; predict
+# what chunking costs the long prompt's TTFT; predict the largest chunk that meets a
+# worst-gap target, then let the simulator measure it.

@@ -536,6 +536,7 @@ assert max(scores, key=lambda a: scores[a][0]) == max(scores, key=lambda a: scor
 # 5. The flags carry over: `--max-num-batched-tokens` and `--long-prefill-token-threshold`
 #    (vLLM), `--chunked-prefill-size` with `--enable-mixed-chunk` (SGLang), `-b` (llama.cpp).
 #
-# **Exercises** (`exercises/10_serving_from_the_client.ipynb`): parse an SSE stream into
-# chunk times; TPOT and ITL when chunks carry several tokens; goodput from a client's
-# records.
+# **Exercises** (`exercises/10_serving_from_the_client.ipynb`): repair a parser that misreads
+# some servers' streams; TTFT, TPOT and per-token gaps when chunks carry several tokens; turn a
+# guidellm report into vLLM's numbers; goodput from a client's records; predict how far mean
+# ITL reads above TPOT.
