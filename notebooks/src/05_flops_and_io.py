@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 import minillm
+from minillm.book import figures
 from minillm.sim import accounting
 from minillm.sim import cost_model
 from minillm.sim import hardware
@@ -269,26 +270,10 @@ print(f"{this_cpu.name}: {this_cpu.peak_flops_s / 1e9:.0f} GFLOP/s, "
       f"{this_cpu.mem_bandwidth_bytes_s / 1e9:.1f} GB/s, ridge {this_cpu.ridge_point:.1f} FLOP/byte")
 
 # %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
-def plot_roofline(profiles, points):
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    x = np.logspace(-0.5, 4, 200)
-    for hw in profiles:
-        y = np.minimum(hw.peak_flops_s, hw.mem_bandwidth_bytes_s * x) / hw.peak_flops_s
-        line, = ax.plot(x, y, label=f"{hw.name.split(' (')[0]} (ridge {hw.ridge_point:.0f})")
-        ax.axvline(hw.ridge_point, color=line.get_color(), ls=":", lw=0.8)
-    for name, value in points.items():
-        ax.axvline(value, color="k", lw=0.6)
-        ax.text(value, 1.05, name, rotation=60, fontsize=7, va="bottom")
-    ax.set_xscale("log"); ax.set_yscale("log")
-    ax.set_ylim(1e-3, 3)
-    ax.set_xlabel("arithmetic intensity (FLOP per byte)")
-    ax.set_ylabel("attainable fraction of peak FLOP/s")
-    ax.legend(fontsize=7, loc="lower right")
-    return fig, ax
-
-fig, ax = plot_roofline(list(hardware.PROFILES.values()) + [this_cpu], intensity)
-ax.set_title("Decodes sit far left of every GPU ridge; a 512-token chunk is past it",
-             pad=70, fontsize=10)
+# Each device's line in its own style (the A100-40GB's ridge, 200, sits on the H200's, 206):
+# figures.plot_rooflines draws them so that none hides another.
+fig = figures.plot_rooflines(list(hardware.PROFILES.values()) + [this_cpu], intensity,
+                             title="Decodes sit far left of every GPU ridge; a 512-token chunk is past it")
 plt.show()
 
 # %% [markdown]
