@@ -272,9 +272,8 @@ print(f"{this_cpu.name}: {this_cpu.peak_flops_s / 1e9:.0f} GFLOP/s, "
 # %% slideshow={"slide_type": "subslide"} tags=["slides-hide-input"]
 # Each device's line in its own style (the A100-40GB's ridge, 200, sits on the H200's, 206):
 # figures.plot_rooflines draws them so that none hides another.
-fig = figures.plot_rooflines(list(hardware.PROFILES.values()) + [this_cpu], intensity,
-                             title="Decodes sit far left of every GPU ridge; a 512-token chunk is past it")
-plt.show()
+figures.plot_rooflines(list(hardware.PROFILES.values()) + [this_cpu], intensity,
+                       title="Decodes sit far left of every GPU ridge; a 512-token chunk is past it")
 
 # %% [markdown]
 # A decode batch does ~25 FLOPs per byte: an A100 (ridge ~150) runs it at a sixth of its
