@@ -271,8 +271,8 @@ def locate_bug(prefill_fn, model, token_ids, chunk_size, tolerance=1e-9, first=T
     error = (prefill_fn(model, token_ids, chunk_size) - minillm.prefill_kv(model, token_ids)[0]).abs()
     layers = range(error.shape[0]) if first else reversed(range(error.shape[0]))
     for layer in layers:
-        k_wrong = error[layer, 0].amax(dim=(1, 2)) > tolerance
-        v_wrong = error[layer, 1].amax(dim=(1, 2)) > tolerance
+        k_wrong = ~(error[layer, 0].amax(dim=(1, 2)) <= tolerance)           # NaN differs too
+        v_wrong = ~(error[layer, 1].amax(dim=(1, 2)) <= tolerance)
         if k_wrong.any() or v_wrong.any():
             which = "both" if k_wrong.any() and v_wrong.any() else "K" if k_wrong.any() else "V"
             return layer, which, int((k_wrong | v_wrong).nonzero()[0])
@@ -297,7 +297,8 @@ def chunked_prefill(model, token_ids, chunk_size, block_size=16):
     return cache.gather(table, T)
 
 
-def packed(model, prompts, chunk_size, block_size=16, global_positions=False, first_table_only=False):
+def packed(model, prompts, chunk_size, block_size=16, global_positions=False, first_table_only=False,
+           local_slots=False):
     blocks = BlockManager(sum(-(-len(p) // block_size) for p in prompts), block_size)
     tables = [blocks.allocate(r, len(p)) for r, p in enumerate(prompts)]
     cache = PagedKVCache.for_model(model.cfg, blocks.num_blocks, block_size, model.dtype, model.device)
@@ -305,9 +306,11 @@ def packed(model, prompts, chunk_size, block_size=16, global_positions=False, fi
     while any(d < len(p) for d, p in zip(done, prompts)):
         rows = [r for r, p in enumerate(prompts) if done[r] < len(p)]
         ends = {r: min(done[r] + chunk_size, len(prompts[r])) for r in rows}
+        first = lambda r: 0 if local_slots else done[r]      # a chunk written to the slots of positions 0..n-1
         batch = AttentionBatch([ends[r] - done[r] for r in rows], [done[r] for r in rows],
                                [tables[rows[0] if first_table_only else r] for r in rows], block_size,
-                               torch.tensor(sum((blocks.slot_mapping(r, done[r], ends[r]) for r in rows), [])))
+                               torch.tensor(sum((blocks.slot_mapping(r, first(r), first(r) + ends[r] - done[r])
+                                                 for r in rows), [])))
         tokens = torch.tensor(sum((prompts[r][done[r]:ends[r]] for r in rows), []))
         positions = torch.arange(len(tokens)) if global_positions else \
             torch.cat([torch.arange(done[r], ends[r]) for r in rows])
@@ -552,7 +555,7 @@ CASES = {
         ("last_token_fed_back", lambda p, n, k=None: (forward_tokens(p, n + 1)[0], p + n - 1), "never fed back"),
         ("first_pass_not_the_prompt", lambda p, n, k=None: (forward_tokens(p, n)[0] + n, p + n - 1), "prompt alone"),
         # the chapter's printed counts, section 1: no preemption in them
-        ("chapter_counts", _forward_with(lambda p, k: 0), "recomputes the K and V it had"),
+        ("chapter_counts", _forward_with(lambda p, k: 0), "freed the request's blocks"),
         ("recompute_prompt_only", _forward_with(lambda p, k: p), "generated tokens were freed too"),
         ("recompute_pass_not_counted_as_a_decode", _forward_with(lambda p, k: p + k), "produces token"),
         ("hard_coded", lambda p, n, k=None: (10, 5), "you predicted"),
@@ -988,9 +991,9 @@ def test_each_bug_the_locator_is_tried_on_shows_where_its_construction_says():
     rng = random.Random(1)
     model = ch04._check_model(rng)
     tokens = [rng.randrange(model.cfg.vocab_size) for _ in range(50)]
-    for name, (prefill, where_it_shows) in ch04.BUGS.items():
-        for chunk_size in (8, 20):
-            assert ref04.locate_bug(prefill, model, tokens, chunk_size) == where_it_shows(chunk_size), name
+    for chunk_size in (8, 20):
+        for name, (prefill, where_it_shows) in ch04.bug_cases(chunk_size).items():
+            assert ref04.locate_bug(prefill, model, tokens, chunk_size) == where_it_shows(chunk_size, len(tokens)), name
 
 
 def test_the_a100_profiles_show_the_128_row_tile_the_statement_quotes():
@@ -1013,3 +1016,255 @@ def test_the_preemption_the_checker_forces_is_the_engines_recompute(monkeypatch)
                         lambda self, request, step: preempted.append(request.num_tokens) or original(self, request, step))
     assert ch03.measured_forward_tokens(model, 6, 5, random.Random(0), preempted_after=2) == forward_tokens(6, 5, 2)
     assert preempted == [6 + 2]                   # once, holding its prompt and 2 outputs
+
+
+# ---- the learner trial of exercises 1-5 (notes/trial_1_5.md): each finding, one test ----------
+# The wrong answers below are the trial's own (its scratch scripts), each of which passed, or got a
+# message that blamed another mistake, before the fix.
+def _hidden_fails(chapter, checker, fn) -> str:
+    """The first hidden case (other seeds, then hidden_check_*) that fails, as the grader reports it."""
+    for kwargs in HIDDEN[chapter].HIDDEN.get(checker, []):
+        if _fails(lambda f: getattr(ex, checker)(f, **kwargs), fn):
+            return f"seed {kwargs}"
+    extra = getattr(HIDDEN[chapter], f"hidden_{checker}", None)
+    return "hidden check" if extra is not None and _fails(extra, fn) else ""
+
+
+def test_trial_1_a_float_quotient_fails_on_the_counts_the_statement_promises():
+    float_floor = lambda n, b: int(n / b) + (n % b > 0)            # passed the check and the hidden cases
+    message = _message(ex.check_blocks_needed, float_floor)
+    assert "10000000000000001" in message and "integer arithmetic" in message and "53 bits" in message, message
+    assert _hidden_fails("03", "check_blocks_needed", float_floor)
+    # the counts the check now asks about, each off through a float
+    for num_tokens, block_size in ((10**18 + 100, 16), (10**18, 7), (10**18 + 15, 3)):
+        assert float_floor(num_tokens, block_size) != blocks_needed(num_tokens, block_size)
+
+
+def _one_head_per_query_head(q, k, v):
+    """Chapter 1's attention_one_head (a square mask from the number of queries), once per query head,
+    with the right KV head h // group: it crashes on a chunk over a cache, not on the heads."""
+    group = q.shape[1] // k.shape[1]
+
+    def one_head(q, k, v):
+        scores = q @ k.T / math.sqrt(q.shape[-1])
+        future = torch.ones(q.shape[0], q.shape[0], dtype=torch.bool).triu(1)
+        return torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1) @ v
+    return torch.stack([one_head(q[:, h], k[:, h // group], v[:, h // group]) for h in range(q.shape[1])], dim=1)
+
+
+def test_trial_2_a_square_mask_crash_is_not_blamed_on_grouped_heads():
+    message = _message(ex.check_attention, _one_head_per_query_head)
+    assert "n=4 queries over m=9 keys" in message and "runs when the keys are as many" in message, message
+    assert "heads but k and v" not in message
+    # a real grouped-query crash still gets the grouped-query diagnosis
+    no_expansion = lambda q, k, v: attention(q, k, v, expand=False)
+    assert "heads but k and v" in _message(ex.check_attention, no_expansion)
+
+
+def _lse_sum(parts):
+    """Right outputs, but lse the sum of the parts' lse (the trial's merge_parts)."""
+    lses = torch.stack([l for _, l in parts])
+    return merge_parts(parts)[0], lses.sum(0)
+
+
+def test_trial_3_an_lse_summed_over_the_parts_is_not_called_an_overflow():
+    message = _message(ex.check_merge_parts, _lse_sum)
+    assert "SUM of the parts' lse" in message and "overflow" not in message, message
+    two = _message(ex.check_merge_attention, lambda oa, la, ob, lb: (merge(oa, la, ob, lb)[0], la + lb))
+    assert "SUM of the parts' lse" in two and "overflow" not in two, two
+    # a real overflow (exp of scores near 800) is still named as one
+    naive = lambda parts: (merge_parts(parts)[0], torch.log(torch.stack([l for _, l in parts]).exp().sum(0)))
+    assert "overflows" in _message(ex.check_merge_parts, naive)
+
+
+def test_trial_4_a_strict_step_mask_is_a_missing_diagonal_not_a_swapped_one():
+    strict = lambda qs, cs: torch.block_diag(*(torch.arange(c + q)[None] < torch.arange(q)[:, None] + c
+                                               for q, c in zip(qs, cs)))
+    message = _message(ex.check_step_mask, strict)
+    assert "diagonal" in message and "swapped" not in message, message
+    assert "swapped" in _message(ex.check_step_mask, lambda qs, cs: ~step_mask(qs, cs))   # the 1 x 1 case too
+
+
+@pytest.mark.parametrize("locator, says", [
+    (lambda *a: locate_bug(*a, tolerance=1e-2), "tolerance lets a real bug through"),            # loose tolerance
+    (lambda pf, m, t, c: _nan_blind_locator(pf, m, t, c), "NaN compared with anything"),          # NaN-blind
+    (lambda pf, m, t, c: _first_position_anywhere(pf, m, t, c), "first that differs in ANY layer"),
+], ids=["loose_tolerance", "nan_blind", "position_over_all_layers"])
+def test_trial_5_a_sloppy_locator_fails_the_public_check_with_its_mistake_named(locator, says):
+    message = _message(ex.check_locate_bug, locator)
+    assert says in message, message
+
+
+def _nan_blind_locator(prefill_fn, model, token_ids, chunk_size):
+    """The trial's locator: `difference > tolerance`, which is False for NaN."""
+    error = (prefill_fn(model, token_ids, chunk_size) - minillm.prefill_kv(model, token_ids)[0]).abs()
+    for layer in range(error.shape[0]):
+        wrong = error[layer].amax(dim=(2, 3)) > 1e-9
+        if wrong.any():
+            which = "both" if wrong.any(1).all() else "KV"[int(wrong.any(1).nonzero()[0])]
+            return layer, which, int(wrong.any(0).nonzero()[0])
+    return None
+
+
+def _first_position_anywhere(prefill_fn, model, token_ids, chunk_size):
+    """Right layer and tensors, but the first position over ALL layers (the trial's locator)."""
+    found = locate_bug(prefill_fn, model, token_ids, chunk_size)
+    if found is None:
+        return None
+    error = (prefill_fn(model, token_ids, chunk_size) - minillm.prefill_kv(model, token_ids)[0]).abs()
+    wrong = ~(error <= 1e-9)
+    return found[0], found[1], int(wrong.transpose(0, 2).flatten(1).any(1).nonzero()[0])
+
+
+def _position_from_k_when_k_differs(prefill_fn, model, token_ids, chunk_size):
+    """The trial's locator that takes the layer's first position from K alone whenever K differs."""
+    found = locate_bug(prefill_fn, model, token_ids, chunk_size)
+    if found is None or found[1] != "both":
+        return found
+    error = (prefill_fn(model, token_ids, chunk_size) - minillm.prefill_kv(model, token_ids)[0]).abs()
+    return found[0], found[1], int((~(error[found[0], 0].amax(dim=(1, 2)) <= 1e-9)).nonzero()[0])
+
+
+@pytest.mark.parametrize("locator", [lambda *a: locate_bug(*a, tolerance=1e-2), _nan_blind_locator,
+                                     _first_position_anywhere, _position_from_k_when_k_differs],
+                         ids=["loose_tolerance", "nan_blind", "position_over_all_layers", "position_from_k"])
+def test_trial_5_the_hidden_locator_cases_catch_every_sloppy_locator_too(locator):
+    with pytest.raises(AssertionError):
+        hid04.hidden_check_locate_bug(locator)
+
+
+def _ridge_with(cfg, context_len, ridge_point, dtype_bytes=2, pairs=1, kv_write=True, heads=None, rounding=math.ceil):
+    """decodes_to_ridge in floats, as a learner writes it, with one term changeable: the keys a decode attends
+    (context_len + pairs), its K and V written or not, the heads that score, floor or ceil."""
+    d, L, b = cfg.hidden_size, cfg.num_layers, dtype_bytes
+    weights = (L * _layer_weights(cfg) + d * cfg.vocab_size) * b
+    attention = 4 * cfg.head_dim * (heads(cfg) if heads else cfg.num_heads) * (context_len + pairs)
+    flops = L * (layer_flops(cfg, 1, context_len) - 4 * cfg.head_dim * cfg.num_heads * (context_len + 1) + attention) \
+        + 2 * d * cfg.vocab_size
+    per_decode = L * 2 * cfg.kv_size * b * (context_len + kv_write)
+    if flops <= ridge_point * per_decode:
+        return None
+    return max(1, rounding(ridge_point * weights / (flops - ridge_point * per_decode)))
+
+
+def test_trial_6_the_knife_edge_ridge_case_names_the_term_and_both_limits():
+    message = _message(ex.check_decodes_to_ridge, lambda *a: _ridge_with(*a, pairs=0))
+    assert "767, 153.1)" in message and "you predicted None" in message, message
+    assert "AND its own, 768 keys" in message
+    yours, engine = re.search(r"limit is ([\d.,]+) FLOP/byte, not ([\d.,]+)", message).groups()
+    assert yours != engine and float(yours) < 153.1 < float(engine.replace(",", ""))
+    no_write = _message(ex.check_decodes_to_ridge, lambda *a: _ridge_with(*a, kv_write=False))
+    assert "each decode writes" in no_write and "approaches" in no_write, no_write
+
+
+def test_trial_6_one_decode_short_of_the_ridge_fails_the_public_check():
+    message = _message(ex.check_decodes_to_ridge, lambda *a: _ridge_with(*a, rounding=math.floor))
+    assert "still under the ridge point" in message, message
+    assert _hidden_fails("05", "check_decodes_to_ridge", lambda *a: _ridge_with(*a, rounding=math.floor))
+    # the statement promises a number that reaches the ridge point
+    assert "never fewer" in next(EXERCISES.glob("05_*.py")).read_text()
+
+
+def test_trial_7_chunk_local_slots_are_named_as_slots_not_as_cross_request_attention():
+    local_slots = lambda m, ps, c: packed(m, ps, c, local_slots=True)       # the trial's packed prefill
+    message = _message(ex.check_packed_chunked_prefill, local_slots)
+    assert "step 1 writes prompt 0's tokens 8.. to the slots of its positions 0.." in message, message
+    assert "own keys" not in message
+
+
+def test_trial_8_the_move_rope_refusal_points_at_task_1():
+    message = _message(ex.check_move_rope, lambda k, o, n, theta: apply_rope(
+        k, *rope_cos_sin(_rope_cfg(k, theta), n - o, torch.float64)))
+    assert "your own rope from task 1" in message, message
+    assert "## 1. Warm-up: RoPE" in next(EXERCISES.glob("02_*.py")).read_text()
+
+
+@pytest.mark.parametrize("checker, fn, remedy", [
+    ("check_grouped_scores", broken_grouped_scores, "[n, Hkv, group, D]"),
+    ("check_blocks_needed", lambda n, b: math.ceil(n / b), "-(-"),
+    ("check_merge_attention", _chapter_merge, "NaN times 0"),
+    ("check_merge_parts", lambda parts: functools.reduce(lambda a, b: _chapter_merge(*a, *b), parts), "weigh nothing"),
+], ids=["grouped_scores", "blocks_needed", "merge", "merge_parts"])
+def test_trial_9_messages_name_the_symptom_without_handing_over_the_fix(checker, fn, remedy):
+    message = _message(getattr(ex, checker), fn)
+    assert remedy not in message, message
+    assert {"check_grouped_scores": "tiled 0,1,0,1", "check_blocks_needed": "53 bits",
+            "check_merge_attention": "follow that row", "check_merge_parts": "follow that row"}[checker] in message
+
+
+def _rope_freq_without_2(x, positions, theta):
+    half = x.shape[-1] // 2
+    angles = positions.to(torch.float64)[:, None] * theta ** (-torch.arange(half, dtype=torch.float64) / x.shape[-1])
+    cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def _layer_flops_restarting(cfg, n, c, window=None):
+    """The chunk's queries counted from position 0 (the trial's positions restarting in the chunk)."""
+    return layer_flops(cfg, n, 0, window)
+
+
+def _merge_through_exp(out_a, lse_a, out_b, lse_b):
+    """The trial's merge: weights exp(lse_a) / (exp(lse_a) + exp(lse_b)), which overflow near 800."""
+    sum_a, sum_b = lse_a.exp(), lse_b.exp()
+    total = sum_a + sum_b
+    return (out_a.nan_to_num() * (sum_a / total)[..., None] + out_b.nan_to_num() * (sum_b / total)[..., None],
+            total.log())
+
+
+def _heads_in_group_order(q, k):
+    """Each query head meets its right KV head, but the heads come out group by group."""
+    n, heads, _ = q.shape
+    group = heads // k.shape[1]
+    return grouped_scores(q, k).reshape(k.shape[1], group, n, k.shape[0]).transpose(0, 1).reshape(heads, n, -1)
+
+
+@pytest.mark.parametrize("checker, fn, says", [
+    ("check_attention", lambda q, k, v: attention(q.float(), k.float(), v.float()), "you return float32"),
+    ("check_attention", lambda q, k, v: attention(q.float(), k.float(), v.float()).double(), "float32's rounding"),
+    ("check_layer_flops", _layer_flops_restarting, "positions c to c + n - 1"),
+    ("check_layer_flops", lambda cfg, n, c, w=None: layer_flops(cfg, n, c, w) + 2 * n * cfg.hidden_size * cfg.vocab_size,
+     "without the LM head"),
+    ("check_chunked_prefill_work", lambda t, c: (work(t, c)[0], sum(s for s, n in _chunks(t, c) if n == c)),
+     "leave out the last, shorter chunk"),
+    ("check_rope", _rope_freq_without_2, "theta^(-i/D)"),
+    ("check_causal_mask", lambda q, k: mask(q, k + 1)[:, :k], "one key too far"),
+    ("check_causal_mask", lambda q, k: mask(q, k).T if q == k else mask(q, k), "transposed"),
+    ("check_causal_mask", lambda q, k: mask(q, k) if q == k else mask(q, k).T, "rows are the queries"),
+    ("check_window_mask", lambda q, k, w: mask(q, k) & (torch.arange(k)[None] > torch.arange(q)[:, None] - w),
+     "counts back from the row index"),
+    ("check_move_rope", lambda k, o, n, theta: rope(k, n + o, theta), "old + new"),
+    ("check_move_rope", lambda k, o, n, theta: rope(k.float(), (n - o).float(), theta).double(), "float32"),
+    ("check_decodes_to_ridge", lambda *a: (lambda b: b and b + 2)(_ridge_with(*a)), "not the smallest"),
+    ("check_decodes_to_ridge", lambda *a: _ridge_with(*a, heads=lambda cfg: cfg.num_kv_heads), "QUERY head scores"),
+    ("check_grouped_scores", _heads_in_group_order, "another order"),
+    ("check_merge_attention", _merge_through_exp, "inf/inf"),
+    ("check_masked_fraction", lambda t, c: masked_fraction(t, c, masked=lambda n: n * (n + 1) // 2), "diagonal as masked"),
+], ids=["attention_float32_out", "attention_float32_inside", "flops_positions_restart", "flops_lm_head",
+        "work_last_chunk", "rope_frequency", "mask_offset_plus_one", "mask_transposed_square", "mask_transposed",
+        "window_from_row_index", "move_rope_new_plus_old", "move_rope_float32", "ridge_off_by_two",
+        "ridge_kv_heads", "scores_heads_reordered", "merge_overflow_nan", "fraction_diagonal_masked"])
+def test_trial_10_generic_messages_now_name_the_mistake(checker, fn, says):
+    message = _message(getattr(ex, checker), fn)
+    assert says in message, message
+
+
+def test_trial_11_the_preemption_message_says_which_k_and_v_were_lost():
+    message = _message(ex.check_forward_tokens, _forward_with(lambda p, k: 0))
+    assert "f(5, 4, 2), with a cache" in message or "(5, 4, 2), with a cache" in message, message
+    assert "the K and V of its prompt and of the first output token" in message
+    assert "output token 2 had not been fed back" in message and "2 tokens it generated" not in message
+
+
+def test_trial_11_no_merge_row_sees_nothing_of_both_parts_as_the_statement_says():
+    statement = next(EXERCISES.glob("01_*.py")).read_text()
+    assert "never of both: every query sees its own key" in statement
+    rng = random.Random(0)
+    for trial in range(40):                # the check's own construction of the split parts
+        n, cached = rng.randrange(2, 7), rng.randrange(0, 8)
+        window = None if trial % 2 else rng.randrange(1, n + 1)
+        cut = rng.randrange(1, cached + 1) if window is not None and cached else rng.randrange(cached + 1, cached + n)
+        parts, _ = ch01._parts_case(rng, n, cached, [cut], window)
+        empty = torch.isinf(parts[0][1]) & torch.isinf(parts[1][1])
+        assert not empty.any()

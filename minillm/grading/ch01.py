@@ -86,10 +86,18 @@ def mask_mistake(got: torch.Tensor, q_len: int, k_len: int, window: int | None =
         return (f"that is the TOP-LEFT mask: the chunk's queries are the last {q_len} positions, so query i "
                 f"sits at position k_len - q_len + i = {k_len - q_len} + i, not at i")
     if window is None and torch.equal(got, _strict(q_len, k_len)):
-        return "each query must also see its own key (<=, not <): the diagonal is missing"
+        return "each query must also see its own key: the diagonal is missing"
     if torch.equal(got, torch.ones_like(want)):
         return "everything is True: a query must not see the keys after its own position"
+    if q_len == k_len and torch.equal(got, want.T):
+        return "the mask is transposed: row i is query i, column j is key j"
+    if window is None and torch.equal(got, causal_mask(q_len, k_len + 1)[:, :k_len]):
+        return (f"each query sees one key too far: query i may see the keys up to its own position, "
+                f"k_len - q_len + i = {k_len - q_len} + i, and yours also sees the key after it")
     if window is not None:
+        row_index = _window_from_row_index(q_len, k_len, window)
+        if torch.equal(got, row_index) and not torch.equal(row_index, causal_mask(q_len, k_len)):
+            return _ROW_INDEX_WINDOW.format(offset=k_len - q_len)
         if torch.equal(got, causal_mask(q_len, k_len)):
             return f"that is the plain causal mask: with window={window} a query sees at most {window} keys"
         for other, what in ((window + 1, "one key too many"), (window - 1, "one key too few")):
@@ -101,10 +109,27 @@ def mask_mistake(got: torch.Tensor, q_len: int, k_len: int, window: int | None =
     return ""
 
 
+_ROW_INDEX_WINDOW = ("your window counts back from the row index i; a query's window ends at its own "
+                     "position, k_len - q_len + i = {offset} + i, as its causal limit does")
+
+
+def _window_from_row_index(q_len: int, k_len: int, window: int) -> torch.Tensor:
+    """The causal mask cut by a window counted back from row i instead of the query's position (a mistake)."""
+    return causal_mask(q_len, k_len) & ~causal_mask(q_len, k_len + window, align="top_left")[:, window:]
+
+
 def _disambiguate(fn, mistake: str, q_len: int, k_len: int, window: int | None) -> str:
     """An inverted 1 x 1 mask is also a mask without its diagonal (and, with a window, other
     mistakes coincide on tiny shapes): when the inverse of the right mask is also another named
-    mistake, ask the learner's function about a larger shape and name what that one shows."""
+    mistake, ask the learner's function about a larger shape and name what that one shows. A
+    window counted from the row index looks like no window at all when the window reaches back
+    past the first key: a short window over a cache tells them apart."""
+    if window is not None and "plain causal mask" in mistake:
+        probe = learner_call(fn, 2, 6, 1, forbidden=_MASKS, why="build the mask from torch.arange and a comparison.")
+        if isinstance(probe, torch.Tensor) and tuple(probe.shape) == (2, 6) and \
+                torch.equal(probe.cpu(), _window_from_row_index(2, 6, 1)):
+            return _ROW_INDEX_WINDOW.format(offset=k_len - q_len) + f" ({call_text(fn, 2, 6, 1)} shows it)"
+        return mistake
     if "inverted" not in mistake:
         return mistake
     inverse = ~window_of(q_len, k_len, window)
@@ -128,7 +153,8 @@ def _check_mask(fn, args: tuple, want: torch.Tensor, window: int | None):
     if not isinstance(got, torch.Tensor):
         fail(f"{call} returned {type(got).__name__}, expected a torch.Tensor")
     if tuple(got.shape) != tuple(want.shape):
-        fail(f"{call} has shape {tuple(got.shape)}, expected {tuple(want.shape)}")
+        transposed = " (rows are the queries, columns the keys)" if tuple(got.shape) == tuple(want.shape[::-1]) else ""
+        fail(f"{call} has shape {tuple(got.shape)}, expected {tuple(want.shape)}{transposed}")
     if got.dtype != torch.bool:
         fail(f"{call} has dtype {got.dtype}, expected torch.bool (True = may attend)")
     if not torch.equal(got.cpu(), want):
@@ -206,12 +232,33 @@ def _attention_mistake(got, q, k, v) -> str:
     return ""
 
 
-def _gqa_crash(q, k):
+def _runs(fn, *args) -> bool:
+    """Whether the learner's function runs on other inputs (a probe to tell one crash from another)."""
+    try:
+        learner_call(fn, *args, forbidden=_ATTENTION + _MASKS[1:])
+    except Exception:                      # noqa: BLE001 (any crash, NotImplementedError included)
+        return False
+    return True
+
+
+def _attention_crash(fn, q, k, v):
+    """Name a crash by the inputs it needs: it runs once K and V have as many heads as q (grouped-query
+    heads), or once the keys are as many as the queries (something built square, from n alone)."""
+    n, m = q.shape[0], k.shape[0]
+
     def explain(exc) -> str | None:
-        if q.shape[1] != k.shape[1] and isinstance(exc, RuntimeError):
-            return (f"q has {q.shape[1]} heads but k and v have {k.shape[1]}: grouped-query attention; "
-                    f"expand K and V to {q.shape[1]} heads first (query head h uses KV head "
-                    f"h // {q.shape[1] // k.shape[1]})")
+        if not isinstance(exc, RuntimeError):
+            return None
+        group = q.shape[1] // k.shape[1]
+        if group > 1 and _runs(fn, q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)):
+            return (f"q has {q.shape[1]} heads but k and v have {k.shape[1]} (and it runs once they have as many): "
+                    f"grouped-query attention; expand K and V to {q.shape[1]} heads first (query head h uses KV "
+                    f"head h // {group})")
+        if m != n:
+            same = _runs(fn, q, k[-n:].repeat_interleave(group, 1), v[-n:].repeat_interleave(group, 1))
+            return (f"it crashed on a chunk of n={n} queries over m={m} keys"
+                    + (" and runs when the keys are as many as the queries: something in it has the chunk's "
+                       "shape where it needs the keys' (the scores of a chunk are [n, m])" if same else ""))
         return None
     return explain
 
@@ -236,17 +283,23 @@ def check_attention(fn, trials: int = 20, seed: int | None = None):
         got = learner_call(fn, q.clone(), k.clone(), v.clone(), forbidden=_ATTENTION + _MASKS[1:],
                            why="compute softmax(q k^T / sqrt(D)) over the allowed keys yourself "
                                "(your causal_mask from task 1, and torch's scaled_dot_product_attention "
-                               "given that mask, are fine).", explain=_gqa_crash(q, k))
+                               "given that mask, are fine).", explain=_attention_crash(fn, q, k, v))
         if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(want.shape):
             shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
             fail(f"{call} returned {shape}, expected shape {tuple(want.shape)}")
-        got = got.to(torch.float64)
+        dtype, got = got.dtype, got.to(torch.float64)
         if torch.isnan(got).any():
             fail(f"{call} has NaN: some query row has every key masked, a softmax of all -inf; each query "
-                 "must see its own key (<=, not <)")
+                 "sees at least its own key")
         if not torch.allclose(got, want, atol=1e-8, rtol=0):
             err = (got - want).abs().max().item()
-            fail(f"{call}: max error {err:.2e}{_attention_mistake(got, q, k, v)}")
+            mistake = _attention_mistake(got, q, k, v)
+            if not mistake and dtype != torch.float64:
+                mistake = f" (you return {str(dtype).removeprefix('torch.')} for float64 inputs)"
+            elif not mistake and err < 1e-4:
+                mistake = (" (right to float32's rounding, not float64's: some step runs in float32, "
+                           "though the inputs are float64)")
+            fail(f"{call}: max error {err:.2e}{mistake}")
     passed(f"attention matches the engine's reference on {len(cases)} shapes (GQA, chunks over a cache)")
 
 
@@ -301,10 +354,10 @@ def _nan_message(parts, n: int) -> str:
     if not empty:
         return ""
     p, r = empty[0]
-    return (f": part {'AB'[p] if len(parts) == 2 else p} holds no key that query row {r} may see (its keys lie "
-            f"after the row's position, or before its window), so that row's lse is -inf and its out is NaN "
-            "(0/0, as a kernel returns it). A part a row cannot see must weigh nothing in that row, and NaN "
-            "times 0 is still NaN")
+    name = f"{'AB'[p]}" if len(parts) == 2 else f"{p}"
+    return (f": part {name} holds no key that query row {r} may see (its keys lie after the row's position, or "
+            f"before its window), so in that row the part's lse is -inf and its out is NaN (0/0, as a kernel "
+            "returns it); follow that row through your merge")
 
 
 def _merged(got, where: str, want_out, want_lse, parts, n: int):
@@ -316,8 +369,26 @@ def _merged(got, where: str, want_out, want_lse, parts, n: int):
         fail(f"{where}: shapes {tuple(out.shape)}, {tuple(lse.shape)}; expected "
              f"{tuple(want_out.shape)}, {tuple(want_lse.shape)}")
     if torch.isnan(out).any() or torch.isnan(lse).any():
-        fail(f"{where}: your out has NaN{_nan_message(parts, n)}")
+        why = _nan_message(parts, n)
+        if not why and (lse == float("inf")).any():
+            why = (": your lse is +inf where the scores are near 800 (exp(800) overflows float64), and the weights "
+                   "you derive from it are inf/inf")
+        fail(f"{where}: your {'out' if torch.isnan(out).any() else 'lse'} has NaN{why}")
     return out, lse
+
+
+def _lse_mistake(lse, parts) -> str:
+    """The usual wrong log-sum-exps of a merge, named by what they equal; '' if none."""
+    lses = torch.stack([part_lse for _, part_lse in parts])
+    if torch.allclose(lse, lses.sum(0), atol=1e-9, rtol=0, equal_nan=True):
+        return ("your lse is the SUM of the parts' lse: that is the log of their exp-sums' product; the union's "
+                "exp-sum is the sum of the parts' exp-sums")
+    if len(parts) > 1 and torch.allclose(lse, lses.amax(0), atol=1e-9, rtol=0):
+        return ("your lse is the largest of the parts' lse: the union's exp-sum adds every part's exp-sum")
+    if (lse == float("inf")).any():
+        return ("your lse is +inf where the scores are near 800: exp(800) overflows float64 (its largest value is "
+                "about exp(709)); the union's log-sum-exp is finite there")
+    return ""
 
 
 @checker
@@ -357,12 +428,9 @@ def check_merge_attention(fn, trials: int = 20, seed: int | None = None):
                            why="combine the two parts with their log-sum-exps yourself.")
         out, lse = _merged(got, f"{call} ({where})", want_out, want_lse, parts, n)
         if not torch.allclose(lse, want_lse, atol=1e-9, rtol=0):
-            hint = "the new log-sum-exp is the log of the sum of both parts' exp-sums"
+            hint = _lse_mistake(lse, parts) or "the new log-sum-exp is the log of the sum of both parts' exp-sums"
             if torch.allclose(lse, torch.maximum(lse_a, lse_b)):
                 hint = "you return max(lse_a, lse_b): the new normaliser adds both parts' sums"
-            elif not torch.isfinite(lse).all():
-                hint = ("your lse overflows for scores near 800: exp(800) is inf in float64; a log-sum-exp "
-                        "must subtract the maximum first (torch has one that does)")
             fail(f"{call}: lse wrong ({where}): {hint}; shape {tuple(want_lse.shape)}")
         if not torch.allclose(out, want_out, atol=1e-9, rtol=0):
             hint = "each part's output was normalised by its own sum: rescale it to the union's"
@@ -402,8 +470,7 @@ def check_merge_parts(fn, trials: int = 12, seed: int | None = None):
                                "rows: write it yourself.")
         out, lse = _merged(got, f"{call}, {where}", want_out, want_lse, parts, n)
         if not torch.allclose(lse, want_lse, atol=1e-9, rtol=0):
-            hint = ("lse overflows for scores near 800: subtract the maximum before exp" if not torch.isfinite(lse).all()
-                    else "the union's log-sum-exp is the log of the sum of every part's exp-sum")
+            hint = _lse_mistake(lse, parts) or "the union's log-sum-exp is the log of the sum of every part's exp-sum"
             if len(parts) > 2 and torch.allclose(lse, torch.logaddexp(parts[0][1], parts[1][1]), atol=1e-9):
                 hint = "you merged only the first two parts"
             fail(f"{call}, {where}: lse wrong: {hint}")
@@ -444,6 +511,9 @@ def _fraction_mistake(got: float, num_tokens: int, chunk_size: int) -> str:
         return ("that is the AVERAGE of the chunks' fractions; the late chunks compute far more scores (their "
                 "rectangles are wider), so the whole prefill's fraction is total masked / total computed, not a "
                 "mean of ratios")
+    if close(sum(m + n for n, m, _ in counts) / sum(c for _, _, c in counts)):
+        return ("you count the diagonal as masked, n(n+1)/2 per chunk of n; each query sees its own key, the mask "
+                "keeps the diagonal")
     if close(sum(m + n / 2 for n, m, _ in counts) / sum(c for _, _, c in counts)):
         return ("you count n^2/2 masked scores per chunk of n; the diagonal is kept (each query sees its own "
                 "key), so a chunk masks n(n-1)/2")

@@ -79,6 +79,10 @@ def _rope_mistake(got, x, positions, theta) -> str:
                 "rotate each row by ITS absolute position, positions[t])")
     if torch.allclose(got, x, atol=1e-8):
         return " (x came back unrotated)"
+    half_freq = theta ** (-torch.arange(half, dtype=torch.float64) / x.shape[-1])
+    if torch.allclose(got, _rotate_half(x, positions, half_freq), atol=1e-6):
+        return (" (your pair i turns at theta^(-i/D) radians per position: every pair but the first turns too "
+                "fast; the statement's frequency of pair i is theta^(-2i/D))")
     if (got - _rotate_half(x, positions, inv_freq)).abs().max() < 1e-2:
         return (" (close but not float64-close: some step ran in float32 (the frequencies, the positions "
                 "or the angles); keep all of them float64)")
@@ -146,8 +150,8 @@ def _scores_mistake(got, q, k) -> str:
     group = q.shape[1] // k.shape[1]
     near = lambda other: got.shape == other.shape and torch.allclose(got, other, atol=1e-9, rtol=0)
     pairing = (f"query head h meets KV head h % {k.shape[1]} (tiled 0,1,0,1), but neighbouring query heads "
-               f"share a KV head: h // {group} (grouped 0,0,1,1); fold q as [n, Hkv, group, D], not "
-               "[n, group, Hkv, D]")
+               f"share a KV head (grouped 0,0,1,1): look at which query heads your reshape puts together "
+               "with KV head 0")
     scales = ((1 / math.sqrt(head_dim), ""), (1 / head_dim, f"you divide by D = {head_dim}; the scale is 1/sqrt(D)"),
               (1.0, "the scores are not divided by sqrt(D)"))
     for scale, what in scales:
@@ -157,6 +161,10 @@ def _scores_mistake(got, q, k) -> str:
                 return " (" + "; and ".join(part for part in (paired, what) if part) + ")"
     if got.dim() == 3 and tuple(got.shape) == (q.shape[0], q.shape[1], k.shape[0]):
         return " (that is [n, Hq, m]: return the scores head first, [Hq, n, m])"
+    reordered = _scores(q, k).reshape(k.shape[1], group, q.shape[0], k.shape[0]).transpose(0, 1)
+    if group > 1 and k.shape[1] > 1 and near(reordered.reshape(got.shape)):
+        return (" (every query head meets its right KV head, but your heads come out in another order: "
+                "output head h must be query head h, and yours are ordered group by group)")
     return ""
 
 
@@ -220,7 +228,7 @@ def check_move_rope(fn, trials: int = 10, seed: int | None = None):
         want = _rope64(raw, new, theta)
         call = call_text(fn, cached, old, new, theta)
         got = learner_call(fn, cached.clone(), old.clone(), new.clone(), theta, forbidden=_ROPE,
-                           why="use your own rope from task 4 (or the rotation itself), not the engine's.")
+                           why="use your own rope from task 1 (or the rotation itself), not the engine's.")
         hint = ""
         if isinstance(got, torch.Tensor) and got.shape == want.shape:
             got64 = got.to(torch.float64)
@@ -231,6 +239,12 @@ def check_move_rope(fn, trials: int = 10, seed: int | None = None):
                 hint = " (you rotate by old - new: the opposite direction)"
             elif torch.allclose(got64, cached, atol=1e-8):
                 hint = " (the keys came back unchanged: they still sit at their old positions)"
+            elif torch.allclose(got64, _rope64(cached, old + new, theta), atol=1e-8):
+                hint = (" (you rotate the stored keys by old + new: they already carry the old positions' "
+                        "rotation, and you add it once more)")
+            elif (got64 - want).abs().max() < 1e-4:
+                hint = (" (close but not float64-close: some step ran in float32 (the frequencies, the positions "
+                        "or the angles); keep all of them float64)")
         _compare(got, want, call, atol=1e-8, hint=hint)
     passed(f"cached keys moved to new positions on {trials} cases, with no raw keys to recompute from")
 

@@ -34,9 +34,11 @@ _FIT = ("minillm.kv_cache.blocks_that_fit", "minillm.kv_cache.kv_bytes_per_token
 def check_blocks_needed(fn, seed: int | None = None):
     """fn(num_tokens, block_size) -> blocks a request of num_tokens tokens occupies."""
     rng = random.Random(seed)
-    # 10**18 + 1 tokens: far past any cache, and past float precision (math.ceil of a
-    # float division rounds it to 10**18 // 16 exactly, one block short).
-    cases = [(0, 16), (1, 16), (16, 16), (17, 16), (1, 1), (10**18 + 1, 16), (2**60 + 3, 256)] + \
+    # Counts far past any cache, and past float precision (53 bits): math.ceil of a float division
+    # rounds 10**18 + 1 tokens to 10**18 // 16 exactly, one block short; a float floor plus an
+    # integer remainder test, int(a / b) + (a % b > 0), is two blocks over at 10**18 + 100 tokens.
+    cases = [(0, 16), (1, 16), (16, 16), (17, 16), (1, 1), (10**18 + 1, 16), (2**60 + 3, 256),
+             (10**18 + 100, 16), (10**18, 7), (10**18 + 15, 3)] + \
         [(rng.randint(0, 5000), rng.choice([1, 8, 16, 32, 256])) for _ in range(50)]
     for num_tokens, block_size in cases:
         expected = blocks_for(num_tokens, block_size)
@@ -44,7 +46,10 @@ def check_blocks_needed(fn, seed: int | None = None):
         if got != expected:
             hint = "A partly filled last block still counts as a whole block."
             if num_tokens > 2**53:
-                hint = "Use integer arithmetic only: a float cannot hold this count exactly (try -(-a // b))."
+                hint = (f"As a float, {num_tokens} / {block_size} is {num_tokens / block_size!r}: a float holds 53 "
+                        f"bits, this count needs {num_tokens.bit_length()}, so any step through a float (a true "
+                        "division, math.ceil, int of a quotient) lands on a neighbouring number. The statement "
+                        "asks for integer arithmetic only.")
             elif got == num_tokens // block_size:
                 hint = "That is the floor: a partly filled last block still counts as a whole block."
             _fail(f"{call_text(fn, num_tokens, block_size)} returned {got!r}, expected {expected}. {hint}")
@@ -352,8 +357,11 @@ def check_forward_tokens(fn, seed: int | None = None):
                        "a decode pass each")
             elif what == "with a cache" and k is not None:
                 if g == m - (prompt_len + k - 1):
-                    why = (f"the preemption freed the request's blocks: when it comes back it recomputes the K and V "
-                           f"it had, its prompt and the {k} tokens it generated (vLLM's recompute preemption)")
+                    fed = "the first output token" if k == 2 else f"the first {k - 1} output tokens"
+                    had = f"the K and V of its prompt and of {fed}" if k > 1 else "the K and V of its prompt"
+                    why = (f"the preemption freed the request's blocks, and with them {had} (output token "
+                           f"{k} had not been fed back yet): when it comes back, a pass recomputes what was lost "
+                           "(vLLM's recompute preemption)")
                 elif g == m - k + 1:
                     why = (f"the K and V of the generated tokens were freed too: the recompute runs the prompt AND "
                            f"the {k} generated tokens")

@@ -123,7 +123,8 @@ ex.check_window_mask(window_mask)  # points: 2
 #
 # Write `merge(out_a, lse_a, out_b, lse_b)` (`out_*: [n, H, D]`, `lse_*: [n, H]`) that returns
 # `(out, lse)`, the attention over both parts, also in those rows and with scores in the
-# hundreds. Only these four tensors; no keys, no values; not `merge_attention`.
+# hundreds. Only these four tensors; no keys, no values; not `merge_attention`. A row may see
+# nothing of one part, never of both: every query sees its own key, and it lies in one of them.
 #
 # <details><summary>Hint</summary>
 #

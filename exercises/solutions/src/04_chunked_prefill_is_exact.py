@@ -80,7 +80,7 @@ def locate_bug(prefill_fn, model, token_ids, chunk_size):
     ### BEGIN SOLUTION
     error = (prefill_fn(model, token_ids, chunk_size) - minillm.prefill_kv(model, token_ids)[0]).abs()
     for layer in range(error.shape[0]):
-        wrong = error[layer].amax(dim=(2, 3)) > 1e-9          # [K or V, position]: beyond float64 rounding
+        wrong = ~(error[layer].amax(dim=(2, 3)) <= 1e-9)      # [K or V, position]: beyond rounding, or NaN
         if wrong.any():
             which = "both" if wrong.any(1).all() else "KV"[int(wrong.any(1).nonzero()[0])]
             return layer, which, int(wrong.any(0).nonzero()[0])

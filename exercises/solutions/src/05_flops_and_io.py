@@ -80,7 +80,8 @@ assert 0 < saved < 0.5
 # bytes + KV bytes read + KV bytes written). The weights are every layer's four matrices
 # (no norms, no biases here) and the LM head, each read once per step; every decode
 # samples. Before writing code, put a number on Llama-3-8B at a 1024-token context on an
-# A100, and say why. The checker measures with `step_cost` and accepts 1% (or one decode).
+# A100, and say why. The checker measures with `step_cost`. Your number must reach the ridge
+# point: up to 1% (or one decode) more than the smallest number that does, never fewer.
 #
 # <details><summary>Hint</summary>
 #

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .._common import call_text, fail, grade_count, learner_call
 from .._reference import ch03 as ref
-from ..ch03 import _FIT
+from ..ch03 import _BLOCKS_FOR, _FIT
 
 HIDDEN = {
     "check_blocks_needed": [dict(seed=39_301)],
@@ -16,6 +16,16 @@ HIDDEN = {
     "check_append_slot": [dict(seed=39_321), dict(seed=39_322)],
     "check_forward_tokens": [dict(seed=39_331)],
 }
+
+
+def hidden_check_blocks_needed(fn) -> None:
+    """Counts past float precision the public check does not try: any step through a float is off."""
+    for num_tokens, block_size in ((10**30 + 1, 5), (2**64 - 1, 1024), (10**18 + 3, 10), (3 * 10**17 + 1, 3),
+                                   (10**20 - 1, 10**20)):
+        got = learner_call(fn, num_tokens, block_size, forbidden=_BLOCKS_FOR)
+        want = ref.blocks_needed(num_tokens, block_size)
+        if got != want:
+            fail(f"{call_text(fn, num_tokens, block_size)} returned {got!r}, expected {want}")
 
 
 def hidden_check_requests_that_fit(fn) -> None:

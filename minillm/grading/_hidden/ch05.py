@@ -8,7 +8,7 @@ from __future__ import annotations
 from ...config import ModelConfig, PRESETS
 from .._common import call_text, fail, learner_call
 from .._reference import ch05 as ref
-from ..ch05 import _ACCOUNTING
+from ..ch05 import _ACCOUNTING, _close_enough
 
 HIDDEN = {
     "check_layer_flops": [dict(seed=39_501), dict(seed=39_502)],
@@ -37,8 +37,7 @@ def hidden_check_decodes_to_ridge(fn) -> None:
                                                  (PRESETS["llama-3-8b"], 2048, 60.0, 1), (PRESETS["tiny"], 64, 8.5, 4)):
         got = learner_call(fn, cfg, context_len, ridge, dtype_bytes, forbidden=_ACCOUNTING)
         want = ref.decodes_to_ridge(cfg, context_len, ridge, dtype_bytes)
-        if not (got is None and want is None or isinstance(got, int) and want is not None
-                and abs(got - want) <= max(1, want // 100)):
+        if not _close_enough(got, want):
             fail(f"{call_text(fn, cfg, context_len, ridge, dtype_bytes)} returned {got!r}, expected {want!r}")
 
 

@@ -23,7 +23,7 @@ def step_mask(query_lens, cached_lens):
 def locate_bug(prefill_fn, model, token_ids, chunk_size):
     error = (prefill_fn(model, token_ids, chunk_size) - prefill_kv(model, token_ids)[0]).abs()  # [L, 2, T, Hkv, D]
     for layer in range(error.shape[0]):
-        wrong = error[layer].amax(dim=(2, 3)) > TOLERANCE                                        # [2, T]
+        wrong = ~(error[layer].amax(dim=(2, 3)) <= TOLERANCE)                    # [2, T]; NaN is wrong too
         if wrong.any():
             which = "both" if wrong.any(1).all() else "KV"[int(wrong.any(1).nonzero()[0])]
             return layer, which, int(wrong.any(0).nonzero()[0])
