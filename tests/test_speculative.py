@@ -598,3 +598,20 @@ def test_smollm2_in_float64_gives_the_same_greedy_text_with_speculation():
     got, engine = greedy(model, [prompt], 20, spec(4), sched=sched, enable_prefix_caching=True)
     assert got == expected
     assert acceptance_stats(engine.trace)["accepted_tokens"] >= 4
+
+
+# ---- the server's flag ----------------------------------------------------------------------
+def test_the_server_takes_vllm_s_speculative_config_flag(capsys):
+    from minillm.serve.cli import build_parser, build_server, main, speculative_config
+    args = build_parser().parse_args(["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}'])
+    assert speculative_config(args) == SpeculativeConfig(num_speculative_tokens=4)
+    _, loop = build_server(args)
+    assert loop.engine.scheduler.speculator.config.num_speculative_tokens == 4
+    assert speculative_config(build_parser().parse_args([])) is None
+    for bad, says in (('{"method": "eagle", "num_speculative_tokens": 4}', "method='eagle'"),
+                      ("{num: 4}", "not JSON"),
+                      ('{"method": "ngram", "num_speculative_tokens": -2}', "num_speculative_tokens=-2"),
+                      ('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 3, '
+                       '"prompt_lookup_max": 2}', "prompt_lookup_min=3 > prompt_lookup_max=2")):
+        assert main(["--speculative-config", bad]) == 2
+        assert says in capsys.readouterr().err
