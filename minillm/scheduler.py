@@ -45,6 +45,11 @@ so those two follow V0's scheduler):
   max_long_partial_prefills     how many of those may be long: a short prompt
                  overtakes a long one that would exceed it.
 
+Speculative decoding (speculative.py, chapter 12): with a speculator, a decode
+is scheduled with 1 + its drafts (ScheduledStep.drafts). Drafts count against
+token_budget: as in vLLM V1 they come before the prompts' chunks (the chunk gets
+what they leave), or after them with SpeculativeConfig(draft_budget="chunk_first").
+
 Chunks of equal work (chunk_sizing="equal_work", chunk_sizing.py): a prompt
 is split into as many chunks as chunk_size makes, but each chunk gets the same
 work (matmuls plus attention) rather than the same tokens, so the late chunks,

@@ -15,13 +15,15 @@ class ChatBytes(ByteTokenizer):
 
 def test_bench_spec_measures_every_k_and_the_long_prompt(capsys):
     model = minillm.build_model("tiny", seed=0, dtype=torch.float32)
-    r = bench_spec.bench_spec(ks=(0, 2), rounds=2, num_requests=2, max_tokens=12, budgets=(64,),
-                              long_prompt_len=150, model=model, tokenizer=ChatBytes())
+    r = bench_spec.bench_spec(ks=(0, 2), rounds=2, num_requests=2, max_tokens=8, budgets=(64,),
+                              long_prompt_len=100, model=model, tokenizer=ChatBytes(), num_one_at_a_time=1)
     for name in ("copy", "free"):
+        assert [row["k"] for row in r["sweep_one_at_a_time"][name]] == [0, 2]
+        assert r["sweep_one_at_a_time"][name][1]["tokens"] == 8
         rows = r["sweep"][name]
         assert [row["k"] for row in rows] == [0, 2]
         assert rows[0]["speedup"] == 1.0 and rows[0]["identical_texts"] == 2
-        assert rows[1]["tokens"] == 2 * 12 and rows[1]["steps"] <= rows[0]["steps"]
+        assert rows[1]["tokens"] == 2 * 8 and rows[1]["steps"] <= rows[0]["steps"]
         low, high = rows[1]["speedup_range"]
         assert low <= rows[1]["speedup"] <= high
     long = {row["k"]: row for row in r["long_prompt"]}
@@ -29,11 +31,13 @@ def test_bench_spec_measures_every_k_and_the_long_prompt(capsys):
     assert long[0]["first_chunks"][0] == 64 - 2 and long[4]["first_chunks"][0] <= 64 - 2
     bench_spec.report(r)
     out = capsys.readouterr().out
-    assert "copy-heavy" in out and "free-form" in out and "long prompt (150 tokens)" in out
+    assert "copy-heavy" in out and "free-form" in out and "long prompt (100 tokens)" in out
+    assert "1 chats one at a time" in out
 
 
 def test_the_committed_result_has_the_issue_s_sweep():
     r = bench_spec.load_committed()
     for name in ("copy", "free"):
         assert [row["k"] for row in r["sweep"][name]] == [0, 2, 4, 8]
+        assert [row["k"] for row in r["sweep_one_at_a_time"][name]] == [0, 2, 4, 8]
     assert sorted({(row["budget"], row["k"]) for row in r["long_prompt"]}) == [(256, 0), (256, 4), (1024, 0), (1024, 4)]

@@ -5,7 +5,10 @@ this device, greedy, float32:
 
   k sweep      8 chats at once, k = 0, 2, 4, 8; a copy-heavy workload (repeat,
                quote, edit a given text: prompt lookup finds the output in the
-               prompt) and a free-form one (short questions: it rarely does).
+               prompt) and a free-form one (short questions: it rarely does);
+               then one chat at a time (the first 4 prompts of each, served in
+               turn), where a decode step is one row and a verification's k
+               more rows cost least.
                Useful tokens/s (output tokens / wall time of the whole batch),
                the streams' mean TPOT, the acceptance, and how many of the 8
                texts equal k = 0's (float32: a verification runs GEMMs of
@@ -74,11 +77,17 @@ def speculative(k: int) -> SpeculativeConfig | None:
     return SpeculativeConfig(num_speculative_tokens=k, **LOOKUP) if k else None
 
 
-def run_batch(model, prompts, k: int, max_tokens: int, sched: SchedulerConfig | None = None) -> dict:
-    """Serve the prompts at once; wall time, useful tokens/s, TPOT, acceptance, texts."""
+def run_batch(model, prompts, k: int, max_tokens: int, sched: SchedulerConfig | None = None,
+              one_at_a_time: bool = False) -> dict:
+    """Serve the prompts at once (or one after another); wall time, useful tokens/s,
+    TPOT, acceptance, texts."""
     engine = LLMEngine(model, sched or SchedulerConfig(chunk_size=512), speculative=speculative(k))
+    params = SamplingParams(max_tokens=max_tokens)
     t0, cpu0 = time.perf_counter(), time.process_time()
-    outputs = engine.generate(prompts, SamplingParams(max_tokens=max_tokens))
+    if one_at_a_time:
+        outputs = [engine.generate([prompt], params)[0] for prompt in prompts]
+    else:
+        outputs = engine.generate(prompts, params)
     wall_s, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
     tokens = sum(len(o.output_token_ids) for o in outputs)
     tpots = [o.metrics.tpot for o in outputs if o.metrics.tpot is not None]
@@ -122,19 +131,26 @@ def _rotated(items, shift: int) -> list:
 
 
 def bench_spec(ks=(0, 2, 4, 8), rounds: int = 3, num_requests: int = 8, max_tokens: int = 96,
-               budgets=(256, 1024), long_prompt_len: int = 2048, ttft_ks=(0, 4), model=None, tokenizer=None) -> dict:
-    """The k sweep on both workloads and the long prompt's TTFT (see the module docstring)."""
+               budgets=(256, 1024), long_prompt_len: int = 2048, ttft_ks=(0, 4), model=None, tokenizer=None,
+               num_one_at_a_time: int = 4) -> dict:
+    """The k sweep on both workloads (all at once, then num_one_at_a_time of them one
+    after another) and the long prompt's TTFT (see the module docstring)."""
     if model is None:
         from ..pretrained_models import pretrained
         model, tokenizer = pretrained(MODEL, dtype=torch.float32)
     workloads = {"copy": copy_prompts(tokenizer, num_requests), "free": free_prompts(tokenizer, num_requests)}
     run_batch(model, workloads["free"][:2], 0, 4)                              # warm up
     runs = {name: {k: [] for k in ks} for name in workloads}
+    single = {name: {k: [] for k in ks} for name in workloads}
     for r in range(rounds):
         for name, prompts in workloads.items():
             for k in _rotated(ks, r):
                 runs[name][k].append(run_batch(model, prompts, k, max_tokens))
+                if num_one_at_a_time:
+                    single[name][k].append(run_batch(model, prompts[:num_one_at_a_time], k, max_tokens,
+                                                     one_at_a_time=True))
     sweep = {name: _sweep_rows(by_k, ks) for name, by_k in runs.items()}
+    sweep_one = {name: _sweep_rows(by_k, ks) for name, by_k in single.items()} if num_one_at_a_time else {}
     long_prompt = tokenizer.encode(long_document())[:long_prompt_len]
     ttft = {}
     for r in range(rounds):
@@ -159,7 +175,8 @@ def bench_spec(ks=(0, 2, 4, 8), rounds: int = 3, num_requests: int = 8, max_toke
     return {"model": MODEL, "dtype": "float32", "device": str(model.device), "date": date.today().isoformat(),
             "rounds": rounds, "num_requests": num_requests, "max_tokens": max_tokens, "lookup": LOOKUP,
             "torch_threads": torch.get_num_threads(), "long_prompt_len": len(long_prompt),
-            "sweep": sweep, "long_prompt": ttft_rows}
+            "num_one_at_a_time": num_one_at_a_time, "sweep": sweep, "sweep_one_at_a_time": sweep_one,
+            "long_prompt": ttft_rows}
 
 
 def _sweep_rows(by_k: dict, ks) -> list[dict]:
@@ -195,13 +212,18 @@ def report(result: dict | None = None, **kwargs) -> dict:
           f"{r['lookup']['prompt_lookup_max']}) on {r['model']} ({r['dtype']}, {r['device']}, "
           f"{r['torch_threads']} torch threads): {r['num_requests']} chats at once, greedy, "
           f"up to {r['max_tokens']} tokens; medians of {r['rounds']} rounds, ratios to k = 0 within a round")
-    for name, title in (("copy", "copy-heavy (repeat, quote, edit a given text)"), ("free", "free-form questions")):
+    tables = [("sweep", name, f"{title}, {r['num_requests']} at once") for name, title in
+              (("copy", "copy-heavy (repeat, quote, edit a given text)"), ("free", "free-form questions"))]
+    if r.get("sweep_one_at_a_time"):
+        tables += [("sweep_one_at_a_time", name, f"{name}, {r['num_one_at_a_time']} chats one at a time")
+                   for name in ("copy", "free")]
+    for key, name, title in tables:
         print(f"\n  {title}")
         rows = [dict(row, speedup_text=f"x{row['speedup']:.2f} ({row['speedup_range'][0]:.2f}-"
                      f"{row['speedup_range'][1]:.2f})", same=f"{row['identical_texts']}/{row['num_texts']}",
                      cpu_text=f"x{row['cpu_speedup']:.2f} ({row['cpu_speedup_range'][0]:.2f}-"
                      f"{row['cpu_speedup_range'][1]:.2f})")
-                for row in r["sweep"][name]]
+                for row in r[key][name]]
         print(_table(rows, [("k", "k", "d"), ("tok_s", "useful tok/s", ".1f"), ("speedup_text", "vs k=0", ""),
                             ("tok_cpu_s", "tok/CPU-s", ".1f"), ("cpu_text", "vs k=0 (CPU)", ""),
                             ("tpot_ms", "TPOT ms", ".1f"), ("itl_ms", "ITL ms", ".1f"),
