@@ -172,7 +172,8 @@ def bench_spec(ks=(0, 2, 4, 8), rounds: int = 3, num_requests: int = 8, max_toke
                               "ttft_cpu_vs_k0_range": (min(cpu_ratios), max(cpu_ratios)),
                               "steps": statistics.median(x["steps"] for x in runs_k),
                               "first_chunks": runs_k[0]["chunks"][:4]})
-    return {"model": MODEL, "dtype": "float32", "device": str(model.device), "date": date.today().isoformat(),
+    return {"command": f"python -m minillm bench spec --spec-rounds {rounds}",
+            "model": MODEL, "dtype": "float32", "device": str(model.device), "date": date.today().isoformat(),
             "rounds": rounds, "num_requests": num_requests, "max_tokens": max_tokens, "lookup": LOOKUP,
             "torch_threads": torch.get_num_threads(), "long_prompt_len": len(long_prompt),
             "num_one_at_a_time": num_one_at_a_time, "sweep": sweep, "sweep_one_at_a_time": sweep_one,

@@ -73,7 +73,9 @@ assert step_ms[4] < 1.2 * step_ms[0] and step_ms[16] < step_ms[0] * 17 / 4
 # edit a given text, fill a template) the guesses are often right; in free-form text they
 # rarely are. vLLM finds the match with a KMP scan over the reversed tokens
 # (`vllm/v1/spec_decode/ngram_proposer.py`, commit adce4e9); minillm asks `bytes.find`,
-# which picks the same continuation (a test compares them on 20,000 random sequences).
+# which picks the same continuation: the longest match, its earliest occurrence (we ran
+# both on 20,000 random sequences once; the tests check minillm's against the definition,
+# as the sketch below does).
 
 # %%
 show_source(speculative.ngram_propose)
@@ -231,9 +233,10 @@ print(f"steps: {len(engine.trace)} with speculation, against a decode per token 
 # `max_num_batched_tokens`; a running request's drafts are trimmed to what the budget has
 # left (`Scheduler.schedule` in `vllm/v1/core/sched/scheduler.py`, commit 00024d3). So
 # when the budget is short, **the drafts stay and the new prompt's chunk shrinks.** minillm
-# does the same, with one difference: every decode keeps its own token before any draft
+# does the same, with two differences: every decode keeps its own token before any draft
 # is scheduled (vLLM's loop can run out of budget before the last running requests get
-# theirs).
+# theirs), and a draft only takes free KV blocks (vLLM's `allocate_slots` counts the drafts
+# and preempts a running request when they do not fit).
 #
 # Eight streams speculate at k = 4 (drafts that are never accepted: the tiny model here is
 # a stand-in for the cost, not for the text) when a 600-token prompt arrives, with a
@@ -402,13 +405,18 @@ spec_lab.spec_lab()
 #
 # SmolLM2-135M-Instruct, greedy, float32, a chat that asks for a given text back: first
 # without speculation, then with k = 4 (n-grams of 1 to 3 tokens). A small live run; the
-# full sweep (`python -m minillm bench spec`, 8 chats at once) follows from its committed
-# results.
+# full sweep (`python -m minillm bench spec`) follows from its committed results. Both run
+# torch on one thread: on this 2-core machine, shared with other work, a second thread
+# spends the many small GEMMs of a step waiting for the first, and a 5-row verification
+# step has more of them to wait through than a 1-row decode.
 
 # %%
 model, tok = minillm.pretrained("smollm2-135m-instruct")
 copy = bench_spec.copy_prompts(tok, 1)
+threads = torch.get_num_threads()
+torch.set_num_threads(1)
 live = {k: bench_spec.run_batch(model, copy, k, max_tokens=32) for k in (0, 4)}
+torch.set_num_threads(threads)
 same = sum(a == b for a, b in zip(live[0]["outputs"], live[4]["outputs"]))
 print(tok.decode(live[4]["outputs"][0])[:160])
 print(f"identical greedy texts: {same}/1; steps {live[0]['steps']} -> {live[4]['steps']}; "
@@ -418,7 +426,8 @@ assert live[4]["steps"] < live[0]["steps"] and live[4]["spec"]["accepted_tokens"
 # %%
 # NBVAL_IGNORE_OUTPUT
 print(f"useful tok/s: k = 0 {live[0]['tok_s']:.1f}, k = 4 {live[4]['tok_s']:.1f} "
-      f"(x{live[4]['tok_s'] / live[0]['tok_s']:.2f}); TPOT {live[0]['tpot_mean_s'] * 1e3:.1f} -> "
+      f"(x{live[4]['tok_s'] / live[0]['tok_s']:.2f}; in CPU time x{live[4]['tok_cpu_s'] / live[0]['tok_cpu_s']:.2f}); "
+      f"TPOT {live[0]['tpot_mean_s'] * 1e3:.1f} -> "
       f"{live[4]['tpot_mean_s'] * 1e3:.1f} ms; mean ITL with k = 4: {live[4]['itl_mean_s'] * 1e3:.1f} ms")
 
 # %% [markdown]
@@ -433,48 +442,96 @@ print(f"useful tok/s: k = 0 {live[0]['tok_s']:.1f}, k = 4 {live[4]['tok_s']:.1f}
 
 # %%
 assert live[4]["itl_mean_s"] > live[4]["tpot_mean_s"]
+
+# %% [markdown]
+# The full sweep is too long for a chapter (half an hour on this machine), so here are its
+# committed results. Two clocks: the wall clock, and the process's CPU time. The machine
+# was shared with other jobs while it ran (load average 5 to 9 on 2 cores): other
+# processes stretch the wall clock of some runs far more than others, while with torch on
+# one thread the CPU time is the work itself and moves much less. Every k ran back to back
+# in each of 3 rounds, and the ratios to k = 0 were taken within a round; the bars are the
+# medians of the CPU-time ratios with their range, the black dashes the wall-clock medians.
+
+# %%
 committed = bench_spec.load_committed()
-fig, axes = plt.subplots(1, 2, figsize=(10, 3.3), layout="constrained")
+print(committed["command"], "|", committed["date"], "|", committed["machine"])
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.5), layout="constrained", sharey=True)
+series = (("sweep", f"{committed['num_requests']} chats at once", "#1f77b4"),
+          ("sweep_one_at_a_time", f"{committed['num_one_at_a_time']} chats one at a time", "#ff7f0e"))
 for name, ax in zip(("copy", "free"), axes):
-    rows = committed["sweep"][name]
-    ax.bar([str(r["k"]) for r in rows], [r["speedup"] for r in rows], color="#1f77b4")
-    for i, r in enumerate(rows):
-        ax.errorbar(i, r["speedup"], yerr=[[r["speedup"] - r["speedup_range"][0]],
-                                            [r["speedup_range"][1] - r["speedup"]]], color="black", capsize=3)
-        ax.annotate(f"{r['tokens_per_verification']:.2f}", (i, 0.05), ha="center", color="white",
-                    fontsize="small")
+    for offset, (key, label, color) in enumerate(series):
+        rows = committed[key][name]
+        xs = [i + (offset - 0.5) * 0.38 for i in range(len(rows))]
+        cpu = [r["cpu_speedup"] for r in rows]
+        ax.bar(xs, cpu, width=0.36, color=color, label=label)
+        ax.errorbar(xs, cpu, yerr=[[c - r["cpu_speedup_range"][0] for c, r in zip(cpu, rows)],
+                                   [r["cpu_speedup_range"][1] - c for c, r in zip(cpu, rows)]],
+                    fmt="none", color="gray", capsize=2)
+        ax.scatter(xs, [r["speedup"] for r in rows], marker="_", s=160, color="black", zorder=3,
+                   label="wall clock (median)" if offset else None)
+    ax.set_xticks(range(len(rows)), [f"k={r['k']}" for r in rows])
     ax.axhline(1.0, color="gray", linewidth=1)
-    ax.set_xlabel("k (white: tokens per verification)")
-    ax.set_title(f"{name}: best x{max(r['speedup'] for r in rows):.2f} useful tok/s", fontsize="medium")
+    ax.set_title("copy-heavy chats" if name == "copy" else "free-form questions", fontsize="medium")
 axes[0].set_ylabel("useful tok/s against k = 0")
-fig.suptitle(f"SmolLM2 on this CPU, 8 chats at once (bench spec, {committed['date']}, "
-             f"median of {committed['rounds']} rounds)", fontsize="medium")
+axes[0].legend(fontsize="small", loc="upper left")
+fig.suptitle("Prompt lookup on SmolLM2, this CPU: a speed-up where the answer copies the prompt", fontsize="medium")
 plt.close(fig)
 fig
 
 # %%
-for name in ("copy", "free"):
-    for r in committed["sweep"][name]:
-        print(f"{name:4s} k {r['k']}: x{r['speedup']:.2f} ({r['speedup_range'][0]:.2f}-{r['speedup_range'][1]:.2f}), "
-              f"TPOT {r['tpot_ms']:.1f} ms, {r['tokens_per_verification']:.2f} tok/verification, "
-              f"identical text {r['identical_texts']}/{r['num_texts']}")
+for key, label in (("sweep", "at once"), ("sweep_one_at_a_time", "one at a time")):
+    for name in ("copy", "free"):
+        for r in committed[key][name]:
+            print(f"{name:4s} {label:13s} k {r['k']}: CPU x{r['cpu_speedup']:.2f} "
+                  f"({r['cpu_speedup_range'][0]:.2f}-{r['cpu_speedup_range'][1]:.2f}), wall x{r['speedup']:.2f} "
+                  f"({r['speedup_range'][0]:.2f}-{r['speedup_range'][1]:.2f}); {r['tokens_per_verification']:.2f} "
+                  f"tok/verification; {r['steps']} steps; identical text {r['identical_texts']}/{r['num_texts']}")
 for r in committed["long_prompt"]:
     print(f"long prompt ({committed['long_prompt_len']} tokens), budget {r['budget']}, k {r['k']}: "
-          f"TTFT {r['ttft_s']:.2f} s (x{r['ttft_vs_k0']:.2f} of k = 0), {r['steps']:.0f} steps")
-best_copy = max(r["speedup"] for r in committed["sweep"]["copy"])
-assert best_copy >= 1.5
+          f"TTFT x{r['ttft_cpu_vs_k0']:.2f} in CPU time (wall x{r['ttft_vs_k0']:.2f}), {r['steps']:.0f} steps, "
+          f"first chunks {r['first_chunks']}")
+
+# %%
+at_once = {r["k"]: r for r in committed["sweep"]["copy"]}
+alone = {r["k"]: r for r in committed["sweep_one_at_a_time"]["copy"]}
+free = {r["k"]: r for r in committed["sweep"]["free"]}
+for k in (4, 8):   # what one verification step cost, in decode steps: fewer steps / what was gained
+    cost = at_once[0]["steps"] / at_once[k]["steps"] / at_once[k]["cpu_speedup"]
+    print(f"8 chats at once, k = {k}: {at_once[0]['steps']} -> {at_once[k]['steps']} steps, "
+          f"x{at_once[k]['cpu_speedup']:.2f} in CPU time: a verification step cost x{cost:.2f} a decode step")
+best_alone = max(alone.values(), key=lambda r: r["cpu_speedup"])
+print(f"one at a time: best k = {best_alone['k']}, x{best_alone['cpu_speedup']:.2f} in CPU time, "
+      f"x{best_alone['speedup']:.2f} on the wall clock")
+assert best_alone["cpu_speedup"] >= 1.5 and best_alone["speedup"] >= 1.5
+assert max(r["cpu_speedup"] for r in at_once.values()) > 1.2 and all(free[k]["cpu_speedup"] < 1 for k in (2, 4, 8))
+assert all(r["identical_texts"] == r["num_texts"] for key in ("sweep", "sweep_one_at_a_time")
+           for name in ("copy", "free") for r in committed[key][name])
 
 # %% [markdown]
-# Read the committed run with the machine in mind: this book's 2-core machine was shared
-# with other work while it ran, so the times are noisy; the ratios were taken within each
-# round (every k ran back to back) and the table shows their median and range over rounds.
-# On the copy-heavy chats prompt lookup is right often enough to pay for its longer steps;
-# on free-form questions it drafts less and is right less, and what it buys is what the
-# table says. The float32 texts are not all bitwise the same as k = 0's: a verification runs
-# GEMMs of another row count than a one-row decode, and torch's CPU GEMM may round the last
-# bit differently by row count, so a near-tie between two tokens can flip (chapter 4's
-# lesson about chunk sizes, again). In float64 the texts are identical, and the tests check
-# that on the tiny model, SmolLM2 and Hugging Face checkpoints.
+# What the run says:
+#
+# * **Copying chats, one at a time** (the latency case speculation is meant for): a decode
+#   step is one row, and a verification's 8 more rows cost little more; useful tokens per
+#   second almost double at k = 8 by either clock. This is the issue's 1.5x target, met.
+# * **Eight copying chats at once**: tokens per verification are as high, but the step
+#   carries 8 x (1 + k) rows, and on a CPU that is no longer a free ride. A CPU's ridge
+#   point (chapter 5) sits at a few FLOPs per byte, a GPU's at hundreds: at 40 to 72 rows
+#   the CPU step is compute-bound, so the gain is smaller (about x1.4 in CPU time; the
+#   wall clock's median read x1.57 at k = 8, within a wide range). On a GPU, section 1's
+#   cost model says the same rows cost a few percent.
+# * **Free-form questions**: prompt lookup finds little (1.3 tokens per verification at 8
+#   at once), and every wrong draft is a row computed for nothing: speculation *costs*
+#   13-25% at 8 at once, and nothing is gained one at a time. Speculate where it pays:
+#   vLLM can turn it off for new requests when more than `disable_by_batch_size` are
+#   queued (`vllm/config/speculative.py`, commit f19b16d).
+# * **The long prompt** (2048 tokens, 8 streams at k = 4): at budget 256 its chunks were
+#   220 and 216 instead of 248, and its TTFT rose about a fifth; at 1024 the drafts hardly
+#   dent the chunk. The same story as section 5's timeline, on a real model.
+# * **Exactness in float32**: every text (72 comparisons) was identical to k = 0's. It need
+#   not be: a verification runs GEMMs of another row count than a one-row decode, and the
+#   CPU GEMM may round the last bit differently by row count, so a near-tie can flip
+#   (chapter 4's lesson about chunk sizes); in float64 the texts must be identical, and the
+#   tests check it on the tiny model, SmolLM2 and Hugging Face checkpoints.
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## Takeaways
@@ -495,4 +552,4 @@ assert best_copy >= 1.5
 #
 # **Exercises** (`exercises/12_speculative_decoding.ipynb`): verify a packed step's drafts;
 # plan a step's budget with drafts; predict a long prompt's TTFT among speculating streams,
-# then measure it; speculative sampling; choose k from a step-time model.
+# then measure it; speculative sampling; choose k from a step-time model (a design task).
