@@ -37,6 +37,17 @@ def _figure(figsize=(7.0, 3.2), ncols: int = 1):
     return fig, axes
 
 
+def _axes(ax):
+    """(figure, axes): a fresh closed figure, or the one that owns ax."""
+    return _figure() if ax is None else (ax.figure, ax)
+
+
+def _by_budget(rows):
+    """(budget, that budget's rows sorted by k), budgets in increasing order."""
+    for budget in sorted({r["token_budget"] for r in rows}):
+        yield budget, sorted((r for r in rows if r["token_budget"] == budget), key=lambda r: r["k"])
+
+
 @functools.lru_cache(maxsize=512)
 def spec_run(k: int, token_budget: int, alpha: float, num_streams: int = 8, prompt_len: int = 4096,
              draft_budget: str = "drafts_first", model: str = LAB_MODEL, hardware: str = LAB_GPU,
@@ -80,10 +91,7 @@ def spec_run(k: int, token_budget: int, alpha: float, num_streams: int = 8, prom
 def plot_expected_tokens(alphas=(0.5, 0.7, 0.9), max_k: int = 10, measured=None, ax=None):
     """(1 - alpha^(k+1)) / (1 - alpha) against k for a few alphas; measured: optional
     [(k, tokens per verification, label)] points from real runs."""
-    if ax is None:
-        fig, ax = _figure()
-    else:
-        fig = ax.figure
+    fig, ax = _axes(ax)
     ks = list(range(0, max_k + 1))
     for alpha in alphas:
         ax.plot(ks, [expected_tokens_per_verification(alpha, k) for k in ks], marker="o", markersize=3,
@@ -101,12 +109,8 @@ def plot_expected_tokens(alphas=(0.5, 0.7, 0.9), max_k: int = 10, measured=None,
 def plot_tradeoff(rows, ax=None):
     """The long prompt's TTFT against the streams' TPOT, one line per token budget,
     one point per k (labelled)."""
-    if ax is None:
-        fig, ax = _figure()
-    else:
-        fig = ax.figure
-    for budget in sorted({r["token_budget"] for r in rows}):
-        line = sorted((r for r in rows if r["token_budget"] == budget), key=lambda r: r["k"])
+    fig, ax = _axes(ax)
+    for budget, line in _by_budget(rows):
         xs = [r["stream_tpot_s"] * 1e3 for r in line]
         ys = [r["long_ttft_s"] * 1e3 for r in line]
         ax.plot(xs, ys, marker="o", label=f"budget {budget}")
@@ -126,12 +130,8 @@ def plot_starvation(rows, ax=None):
     """The long prompt's TTFT against the streams' share of the budget, n(1 + k) / budget:
     the chunk gets budget - n(1 + k), so the TTFT climbs as that share nears 1 and jumps
     to 'after the streams' past it."""
-    if ax is None:
-        fig, ax = _figure()
-    else:
-        fig = ax.figure
-    for budget in sorted({r["token_budget"] for r in rows}):
-        line = sorted((r for r in rows if r["token_budget"] == budget), key=lambda r: r["k"])
+    fig, ax = _axes(ax)
+    for budget, line in _by_budget(rows):
         shares = [r["num_streams"] * (1 + r["k"]) / budget for r in line]
         ax.plot(shares, [r["long_ttft_s"] * 1e3 for r in line], marker="o", label=f"budget {budget}")
     ax.axvline(1.0, color="gray", linestyle="--", linewidth=1)
