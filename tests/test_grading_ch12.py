@@ -203,6 +203,16 @@ def best_k_ignoring_time(alpha, step_time_s, max_k):
     return max_k
 
 
+def best_k_with_the_engine_formula(alpha, step_time_s, max_k):
+    from minillm.speculative import expected_tokens_per_verification
+    return max(range(max_k + 1), key=lambda k: expected_tokens_per_verification(alpha, k) / step_time_s(k))
+
+
+def plan_with_the_engine_scheduler(stream_drafts, prompt_left, token_budget, chunk_size):
+    from minillm.grading.ch12 import engine_plan
+    return engine_plan(stream_drafts, prompt_left, token_budget, chunk_size)
+
+
 CORRECT = {"check_verify_packed_step": ref.verify_packed_step, "check_plan_step": ref.plan_step,
            "check_long_prompt_steps": ref.predict_long_prompt_steps,
            "check_speculative_sample": ref.speculative_sample, "check_best_k": ref.best_k}
@@ -230,6 +240,8 @@ SHORTCUTS = [   # (checker, attempt, what the first line of the message must say
     ("check_speculative_sample", accept_when_likely, "accept with probability p(d)"),
     ("check_best_k", best_k_without_bonus, "forgetting the bonus token"),
     ("check_best_k", best_k_ignoring_time, "divide the tokens by the step's time"),
+    ("check_best_k", best_k_with_the_engine_formula, "the engine's own answer"),
+    ("check_plan_step", plan_with_the_engine_scheduler, "the engine's own answer"),
 ]
 
 
