@@ -577,7 +577,19 @@ def test_the_temperature_test_fails_an_engine_that_accepts_every_draft(monkeypat
     assert max(second, third) > 0.15, (second, third)
 
 
-# ---- other models: HF checkpoints in float64, SmolLM2 --------------------------------------
+# ---- other models: tiny, HF checkpoints in float64, SmolLM2 ----------------------------------
+def test_tiny_in_float64_gives_the_same_greedy_text_with_speculation():
+    model = minillm.build_model("tiny", seed=0, dtype=torch.float64)
+    prompts = repetitive_prompts(31, 3, vocab=500)
+    sched = SchedulerConfig(chunk_size=16, token_budget=48, max_num_seqs=4)
+    expected, _ = greedy(model, prompts, 20, sched=sched)
+    got, engine = greedy(model, prompts, 20, spec(4), sched=sched, enable_prefix_caching=True)
+    assert got == expected
+    stats = acceptance_stats(engine.trace)
+    assert 0 < stats["accepted_tokens"] < stats["draft_tokens"], stats
+
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_hf_checkpoints_give_the_same_greedy_text_with_speculation(hf_checkpoint, family):
     _, path = hf_checkpoint(family)
