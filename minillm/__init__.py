@@ -3,8 +3,8 @@
 Three layers, and the folders show them (arrows point down only):
     minillm/        the engine core: config, attention, model, kv_cache,
                     model_runner, prefill, request, sampler, scheduler, engine,
-                    metrics, loader, gguf_loader, pretrained_models, tokenizer,
-                    detokenizer. Needs torch, never matplotlib.
+                    speculative, metrics, loader, gguf_loader, pretrained_models,
+                    tokenizer, detokenizer. Needs torch, never matplotlib.
     minillm/sim/    the simulator: accounting, hardware, cost_model,
                     simulator, workloads. Runs the core's scheduler on a
                     virtual clock.
@@ -55,7 +55,7 @@ _sleep_idle_threads_if_busy()
 
 from . import (attention, config,  # noqa: E402
                device, engine, kv_cache, loader, metrics, model, model_runner, prefill,
-               request, sampler, scheduler, tokenizer)
+               request, sampler, scheduler, speculative, tokenizer)
 from .config import ModelConfig
 from .device import default_device
 from .engine import LLMEngine
@@ -65,6 +65,7 @@ from .prefill import prefill_kv
 from .pretrained_models import pretrained
 from .request import RequestOutput, SamplingParams
 from .scheduler import SchedulerConfig
+from .speculative import SpeculativeConfig
 
 # Names of the outer layers, loaded on first use so that the core stays light.
 _LAZY_MODULES = {
@@ -95,4 +96,4 @@ def __dir__():
 
 
 __all__ = ["ModelConfig", "build_model", "load_hf_model", "load_gguf", "pretrained", "prefill_kv", "default_device",
-           "LLMEngine", "SchedulerConfig", "SamplingParams", "RequestOutput", "simulate"]
+           "LLMEngine", "SchedulerConfig", "SamplingParams", "RequestOutput", "SpeculativeConfig", "simulate"]

@@ -28,6 +28,7 @@ from .prefix_cache import make_block_manager
 from .request import Request, RequestOutput, RequestStatus, SamplingParams
 from .sampler import make_generator, sample_token
 from .scheduler import ScheduledStep, Scheduler, SchedulerConfig
+from .speculative import Speculator, num_computed_after, verify
 from .validation import ArgumentTypeError, check_instance, check_int, check_int_sequence, check_real, is_int
 
 
@@ -39,6 +40,9 @@ class StepRecord:
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
     preempted: list[int] = field(default_factory=list)
+    # Speculative decoding: request_id -> (drafted, accepted) for each request that
+    # verified drafts this step; it emitted 1 + accepted tokens (speculative.py).
+    spec: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def duration(self) -> float:
@@ -113,7 +117,8 @@ class EngineCore:
 
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, executor, clock,
                  eos_token_ids: tuple[int, ...] = (), max_model_len: int | None = None,
-                 max_trace_steps: int | None = None, max_finished_requests: int = 1024):
+                 max_trace_steps: int | None = None, max_finished_requests: int = 1024,
+                 speculator=None):
         check_instance("config", config, SchedulerConfig, "a SchedulerConfig",
                        hint="SchedulerConfig(policy='chunked')")
         check_instance("block_manager", block_manager, BlockManager, "a BlockManager",
@@ -125,7 +130,7 @@ class EngineCore:
             config = config.for_model(model_cfg)
         self.config = config
         self.block_manager = block_manager
-        self.scheduler = Scheduler(config, block_manager, max_model_len=max_model_len)
+        self.scheduler = Scheduler(config, block_manager, max_model_len=max_model_len, speculator=speculator)
         self.executor = executor
         self.clock = clock
         self.eos_token_ids = check_int_sequence("eos_token_ids", tuple(eos_token_ids), 0)
@@ -256,8 +261,10 @@ class EngineCore:
             plan = self.scheduler.schedule()
             if not plan:
                 return []
-            # Which requests reach their last token this step, so get one sampled.
-            emits_token = [r.num_computed_tokens + n == r.num_tokens for r, n in plan.scheduled]
+            # Which requests reach their last token this step, so get one sampled (drafts
+            # are not the request's tokens yet: a verification emits 1 + accepted).
+            emits_token = [r.num_computed_tokens + n - len(plan.drafts.get(r.request_id, ())) == r.num_tokens
+                           for r, n in plan.scheduled]
             num_decode_tokens = plan.num_decode_tokens     # before the counters move
             sampled_tokens, duration_s = self.executor.execute(plan, emits_token)
         except BaseException:
@@ -266,31 +273,38 @@ class EngineCore:
         if duration_s is not None:
             self.clock.advance(duration_s)
         end = self.clock.now()
-        outputs = []
+        outputs, spec = [], {}
         for (request, n), emits in zip(plan.scheduled, emits_token):
             result = as_sampled(sampled_tokens.get(request.request_id))
-            error = self._result_error(request, result, emits)
+            num_drafts = len(plan.drafts.get(request.request_id, ()))
+            error = self._result_error(request, result, emits, num_drafts)
             if error is not None:
                 self._finish(request, "error", end, error=error)
                 outputs.append(request.to_output())
                 continue
-            request.num_computed_tokens += n
-            self.block_manager.cache_computed_blocks(request)   # prefix caching: name full blocks
+            request.num_computed_tokens = num_computed_after(
+                request.num_computed_tokens, n, num_drafts, len(result.token_ids) if num_drafts else 0)
+            if num_drafts:      # the rejected drafts' blocks go back; their slots are overwritten later
+                spec[request.request_id] = (num_drafts, len(result.token_ids) - 1)
+                self.block_manager.shrink(request.request_id, request.num_computed_tokens)
+            self.block_manager.cache_computed_blocks(request)   # prefix caching: name full, computed blocks
             if result is not None and result.prompt_logprobs:
                 request.add_prompt_logprobs(result.first_prompt_position, result.prompt_logprobs)
             if not emits:
                 continue
             self._append_tokens(request, result, end)
+            if num_drafts and not request.is_finished:
+                self.block_manager.cache_computed_blocks(request)   # the blocks its accepted drafts filled
             outputs.append(request.to_output())
         self._record(StepRecord(
             start=start, end=end,
             scheduled=[(r.request_id, n) for r, n in plan.scheduled],
             num_prefill_tokens=plan.num_tokens - num_decode_tokens, num_decode_tokens=num_decode_tokens,
-            preempted=[r.request_id for r in plan.preempted]))
+            preempted=[r.request_id for r in plan.preempted], spec=spec))
         return outputs
 
     @staticmethod
-    def _result_error(request: Request, result, emits: bool) -> str | None:
+    def _result_error(request: Request, result, emits: bool, num_drafts: int = 0) -> str | None:
         """Why the executor's answer for this request cannot be used (None: it can)."""
         if isinstance(result, RequestFailed):
             return str(result)
@@ -298,6 +312,9 @@ class EngineCore:
             return f"executor gave no token: {result!r}"
         if emits and (result is None or not result.token_ids):
             return f"executor gave no token: {result!r}"
+        if num_drafts and len(result.token_ids) > 1 + num_drafts:
+            return (f"executor gave {len(result.token_ids)} tokens for a verification of {num_drafts} drafts "
+                    f"(at most 1 + drafts)")
         if result is not None and result.prompt_logprobs and request.prompt_logprobs is not None \
                 and result.first_prompt_position != len(request.prompt_logprobs):
             return (f"executor gave prompt logprobs from position {result.first_prompt_position}, "
@@ -449,23 +466,30 @@ class ModelExecutor:
         self._generators: dict[int, torch.Generator | None] = {}
 
     def execute(self, plan: ScheduledStep, emits_token: list[bool]):
-        chunks = [self._chunk(r, n, emits) for (r, n), emits in zip(plan.scheduled, emits_token)]
+        chunks = [self._chunk(r, n, emits, plan.drafts.get(r.request_id, ()))
+                  for (r, n), emits in zip(plan.scheduled, emits_token)]
         logits = self.runner.execute(chunks)                         # [rows asked for, vocab]
         results, row = {}, 0
         for (request, _), emits, chunk in zip(plan.scheduled, emits_token, chunks):
             num_rows = len(chunk.rows_with_logits())
             if num_rows:
-                results[request.request_id] = self._outcome(request, chunk, logits[row:row + num_rows], emits)
+                results[request.request_id] = self._outcome(request, chunk, logits[row:row + num_rows], emits,
+                                                            plan.drafts.get(request.request_id, ()))
             row += num_rows
         synchronize(self.device)
         return results, None
 
     @staticmethod
-    def _chunk(request, num_new: int, emits: bool) -> StepChunk:
+    def _chunk(request, num_new: int, emits: bool, drafts=()) -> StepChunk:
         """The request's tokens of this step, and the rows whose logits it needs:
         the last one to sample from, and for prompt_logprobs every row that
-        predicts a prompt token not yet scored (row at position p scores token p + 1)."""
+        predicts a prompt token not yet scored (row at position p scores token p + 1).
+        A verification is the pending token and its drafts: all 1 + k rows."""
         start = request.num_computed_tokens
+        if drafts:
+            token_ids = request.token_ids(start, start + num_new - len(drafts)) + list(drafts)
+            return StepChunk(request.request_id, token_ids, start,
+                             logits_rows=list(range(num_new - len(drafts) - 1, num_new)))
         chunk = StepChunk(request.request_id, request.token_ids(start, start + num_new), start, sample=emits)
         first_missing = request.next_prompt_logprob_position()
         if first_missing is not None:
@@ -474,12 +498,20 @@ class ModelExecutor:
             chunk.logits_rows = rows + ([num_new - 1] if emits else [])
         return chunk
 
-    def _outcome(self, request, chunk: StepChunk, logits: torch.Tensor, emits: bool) -> Sampled | RequestFailed:
+    def _outcome(self, request, chunk: StepChunk, logits: torch.Tensor, emits: bool,
+                 drafts=()) -> Sampled | RequestFailed:
         """One request's part of the step from its logits rows; a failure here is that request's alone.
 
         logits: [rows, vocab] for chunk.rows_with_logits(), the sampled row last."""
         try:
             params = request.params
+            if request.request_id not in self._generators:
+                self._generators[request.request_id] = make_generator(params, request.request_id)
+            if drafts:                              # a verification: logits rows of 1 + k
+                tokens = verify(logits, list(drafts), params, self._generators[request.request_id])
+                logprobs = (logprob_dicts(logits[:len(tokens)], tokens, params.logprobs)
+                            if params.logprobs is not None else None)
+                return Sampled(tokens, logprobs)
             num_prompt_rows = len(logits) - int(emits)
             outcome = Sampled([])
             if num_prompt_rows:
@@ -489,8 +521,6 @@ class ModelExecutor:
                 outcome.prompt_logprobs = logprob_dicts(logits[:num_prompt_rows], scored, params.prompt_logprobs)
                 outcome.first_prompt_position = first_position
             if emits:
-                if request.request_id not in self._generators:
-                    self._generators[request.request_id] = make_generator(params, request.request_id)
                 token = sample_token(logits[-1].float(), params, self._generators[request.request_id])
                 outcome.token_ids = [token]
                 if params.logprobs is not None:
@@ -532,7 +562,8 @@ class LLMEngine(EngineCore):
     def __init__(self, model, sched: SchedulerConfig | None = None, block_size: int = 16,
                  num_blocks: int | None = None, backend: str | None = None,
                  enable_prefix_caching: bool = False, tokenizer=None, *,
-                 max_trace_steps: int | None = None, max_finished_requests: int = 1024):
+                 max_trace_steps: int | None = None, max_finished_requests: int = 1024,
+                 speculative=None):
         check_instance("model", model, LlamaModel, "a model",
                        hint="minillm.build_model('tiny') or minillm.load_hf_model(path)")
         sched = sched if sched is not None else SchedulerConfig()
@@ -548,7 +579,9 @@ class LLMEngine(EngineCore):
         blocks = make_block_manager(num_blocks, block_size, enable_prefix_caching)
         super().__init__(sched, blocks, ModelExecutor(model, blocks, backend), WallClock(),
                          eos_token_ids=model.cfg.eos_token_ids, max_model_len=model.cfg.max_position,
-                         max_trace_steps=max_trace_steps, max_finished_requests=max_finished_requests)
+                         max_trace_steps=max_trace_steps, max_finished_requests=max_finished_requests,
+                         # speculative: a speculative.SpeculativeConfig (chapter 12), or None
+                         speculator=None if speculative is None else Speculator(speculative))
         self.model = model
         self.vocab_size = model.cfg.vocab_size
         self.tokenizer = tokenizer            # None: outputs carry ids only, text=None

@@ -137,6 +137,17 @@ class BlockManager:
         for block in self.block_tables.pop(request_id, ()):
             self._release(block)
 
+    def shrink(self, request_id, num_tokens: int) -> None:
+        """Give back request_id's blocks past those holding its first num_tokens tokens
+        (speculative decoding: blocks that only a rejected draft wrote). Such a block
+        holds no computed token, so prefix caching never named it."""
+        table = self.block_tables.get(request_id)
+        if not table:
+            return
+        keep = blocks_for(_check_num_tokens(num_tokens), self.block_size)
+        while len(table) > keep:
+            self._release(table.pop())
+
     def checkpoint(self) -> dict:
         """What rollback() needs to undo the allocations and frees that follow:
         each table (the list itself, not a copy) and its length. O(requests):

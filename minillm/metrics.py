@@ -2,7 +2,12 @@
 
 TTFT  first token time - arrival time
 TPOT  (E2E - TTFT) / (output tokens - 1): a per-request MEAN gap
-ITL   every gap between two consecutive tokens of a request
+ITL   every gap between two consecutive arrivals of a request's tokens; a step
+      that emits several tokens (speculative decoding) delivers them as one
+      streamed chunk, so that is ONE gap, as `vllm bench serve` counts it (one
+      ITL per chunk that carries a token: vllm/benchmarks/lib/
+      endpoint_request_func.py, commit 3aee4a4). With speculation the mean ITL
+      is then above the TPOT, which divides by tokens, not chunks.
 E2E   finish time - arrival time
 
 A stall is one long gap: it barely moves a stream's mean TPOT but it is the

@@ -174,7 +174,9 @@ class PrefixCachingBlockManager(BlockManager):
         if not table:
             return
         chain = self._chains.setdefault(request.request_id, [])
-        full = min(request.num_computed_tokens // self.block_size, len(table))
+        # A verification's accepted drafts are computed before the engine appends them as
+        # tokens: name only blocks whose tokens the request already holds.
+        full = min(min(request.num_computed_tokens, request.num_tokens) // self.block_size, len(table))
         bs = self.block_size
         for i in range(len(chain), full):
             parent = chain[-1] if chain else ROOT_HASH

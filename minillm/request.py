@@ -62,7 +62,10 @@ class RequestMetrics:
     """Timestamps in seconds on the engine's clock, and the serving metrics.
 
     TTFT = first token - arrival; TPOT = (E2E - TTFT) / (output tokens - 1),
-    a per-request mean; ITL = every gap between consecutive tokens.
+    a per-request mean; ITL = every gap between consecutive token arrivals. The
+    tokens of one step arrive together (speculative decoding emits several), stamped
+    with one time, as one streamed chunk: that is one gap, as `vllm bench serve`
+    counts it (one ITL per chunk, vllm/benchmarks/lib/endpoint_request_func.py).
     """
     arrival_time: float
     first_token_time: float | None = None
@@ -85,7 +88,8 @@ class RequestMetrics:
 
     @property
     def itl(self) -> list[float]:
-        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+        """Gaps between arrivals: tokens stamped with the same time came in one step."""
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:]) if b != a]
 
 
 @dataclass

@@ -45,6 +45,11 @@ so those two follow V0's scheduler):
   max_long_partial_prefills     how many of those may be long: a short prompt
                  overtakes a long one that would exceed it.
 
+Speculative decoding (speculative.py, chapter 12): with a speculator, a decode
+is scheduled with 1 + its drafts (ScheduledStep.drafts). Drafts count against
+token_budget: as in vLLM V1 they come before the prompts' chunks (the chunk gets
+what they leave), or after them with SpeculativeConfig(draft_budget="chunk_first").
+
 Chunks of equal work (chunk_sizing="equal_work", chunk_sizing.py): a prompt
 is split into as many chunks as chunk_size makes, but each chunk gets the same
 work (matmuls plus attention) rather than the same tokens, so the late chunks,
@@ -147,6 +152,9 @@ class SchedulerConfig:
 class ScheduledStep:
     scheduled: list[tuple[Request, int]] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    # Speculative decoding: request id -> the draft tokens it verifies this step (vLLM's
+    # scheduled_spec_decode_tokens); its num_new_tokens counts them: 1 + len(drafts).
+    drafts: dict[int, list[int]] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:
@@ -166,9 +174,11 @@ class ScheduledStep:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager,
-                 max_model_len: int | None = None):
+                 max_model_len: int | None = None, speculator=None):
         self.config = config
         self.block_manager = block_manager
+        self.max_model_len = max_model_len
+        self.speculator = speculator          # speculative.Speculator, or None: no drafts
         self.long_prefill_threshold = config.long_prefill_threshold(max_model_len)
         if config.chunk_sizing == "equal_work" and config.break_even_len is None:
             raise ValueError("chunk_sizing='equal_work' needs break_even_len: pass "
@@ -251,17 +261,54 @@ class Scheduler:
             self._schedule_chunked(step)
         elif policy == "prefill_first":
             if not self._schedule_whole_prompts(step):
-                self._schedule_decodes(step, budget=self.config.token_budget)
+                self._schedule_decodes_and_drafts(step)
         elif policy == "chunked_prefill_first":
             self._schedule_chunked(step, with_decodes=False)
             if not step:
-                self._schedule_decodes(step, budget=self.config.token_budget)
+                self._schedule_decodes_and_drafts(step)
         else:  # decode_first
             if not self.running:
                 self._schedule_whole_prompts(step)
             else:
-                self._schedule_decodes(step, budget=self.config.token_budget)
+                self._schedule_decodes_and_drafts(step)
         return step
+
+    def _schedule_decodes_and_drafts(self, step: ScheduledStep) -> None:
+        """A step of decodes only, each with its drafts when speculating."""
+        budget = self.config.token_budget
+        used = self._schedule_decodes(step, budget)
+        self._schedule_drafts(step, None if budget is None else budget - used)
+
+    def _schedule_drafts(self, step: ScheduledStep, tokens_left: int | None) -> int:
+        """Speculative decoding: give the step's decodes their draft tokens, in running
+        order, at most tokens_left in all (None: no cap); returns how many. Drafts count
+        against the budget like any token (vLLM V1's num_tokens_with_spec), the last
+        decodes' drafts are the ones cut when it runs short, and a draft never evicts
+        anyone: it takes free blocks, leaving one per running request, or is not made."""
+        if self.speculator is None:
+            return 0
+        added = 0
+        for i, (request, num_tokens) in enumerate(step.scheduled):
+            if tokens_left is not None and added >= tokens_left:
+                break
+            if num_tokens != 1 or not request.is_decoding:
+                continue
+            limit = self.speculator.max_drafts(request, self.max_model_len)
+            if tokens_left is not None:
+                limit = min(limit, tokens_left - added)
+            limit = self._tokens_that_fit(request, 1 + limit, reserve_blocks=len(self.running)) - 1
+            drafts = self.speculator.propose(request, limit) if limit > 0 else []
+            if not drafts:
+                continue
+            drafts = list(drafts[:limit])
+            self.block_manager.allocate(request.request_id, request.num_computed_tokens + 1 + len(drafts))
+            step.scheduled[i] = (request, 1 + len(drafts))
+            step.drafts[request.request_id] = drafts
+            added += len(drafts)
+        return added
+
+    def _drafts_first(self) -> bool:
+        return self.speculator is not None and self.speculator.draft_budget == "drafts_first"
 
     def _schedule_decodes(self, step: ScheduledStep, budget: int | None) -> int:
         """One token for every running decode, preempting if blocks run out."""
@@ -304,6 +351,13 @@ class Scheduler:
     def _schedule_chunked(self, step: ScheduledStep, with_decodes: bool = True) -> None:
         budget = self.config.token_budget
         used = self._schedule_decodes(step, budget) if with_decodes else 0
+        if with_decodes and self._drafts_first():     # vLLM V1: the chunk gets what drafts leave
+            used += self._schedule_drafts(step, None if budget is None else budget - used)
+        self._schedule_prefill_chunks(step, budget, used)
+        if with_decodes and self.speculator is not None and not self._drafts_first():
+            self._schedule_drafts(step, None if budget is None else budget - step.num_tokens)
+
+    def _schedule_prefill_chunks(self, step: ScheduledStep, budget: int | None, used: int) -> None:
         prefill_left = self.config.chunk_size
         if budget is not None:
             # under equal_work this bounds budget units, not tokens: _prefill_cap caps the tokens

@@ -22,6 +22,9 @@ asserts in tests (shared machines are noisy).
   compile-probe eager steps against a piecewise torch.compile of the layers
                 (attention eager), and the one-token step against the weight
                 read (bench_compile.py)
+  spec          speculative decoding on SmolLM2: useful tok/s and TPOT for k = 0, 2,
+                4, 8 on copy-heavy and free-form chats; a long prompt's TTFT among
+                8 speculating streams (bench_spec.py, chapter 12)
 """
 from __future__ import annotations
 
@@ -47,7 +50,7 @@ from ..scheduler import SchedulerConfig
 
 # What `python -m minillm bench WHICH` runs (the usage line of __main__.py lists them too).
 BENCH_COMMANDS = ("chunk-cost", "interference", "hf", "hf-real", "simulator", "memory", "lab", "capacity",
-                  "prefix-cache", "partial-prefills", "steps", "compile-probe", "all")
+                  "prefix-cache", "partial-prefills", "steps", "compile-probe", "spec", "all")
 
 
 def bench_chunk_cost(shape: str = "tiny", prompt_len: int = 2048, chunk_sizes=(256, 64),
@@ -582,6 +585,7 @@ def main(argv: list[str]) -> int:
                         help="interference: comma-separated chunk sizings raced in each round "
                              "('fixed' tokens, 'equal_work' chunks; the first gives the top headline)")
     parser.add_argument("--memory-requests", type=int, default=20_000, help="requests served by `memory`")
+    parser.add_argument("--spec-rounds", type=int, default=3, help="spec: rounds of every setting (medians, ranges)")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -620,6 +624,10 @@ def main(argv: list[str]) -> int:
     if args.which in ("prefix-cache", "partial-prefills", "all"):
         from .bench_ch8 import report
         results.update(report(args.which))
+    if args.which in ("spec", "all"):
+        from . import bench_spec
+        results["spec"] = bench_spec.report(rounds=args.spec_rounds)
+        bench_spec.save(results["spec"], out / "bench_spec.json")
     if args.which in ("memory", "all"):
         from .bench_memory import bench_memory, report
         results["memory"] = bench_memory(args.memory_requests, warmup_requests=args.memory_requests // 4)

@@ -25,6 +25,9 @@ Scheduler flags, and what they are in vLLM:
                                --chunked-prefill-size; llama.cpp's -b is close).
   --max-waiting N              requests submitted but not yet scheduled; one more gets
                                HTTP 429 at once (vLLM has no such bound).
+  --speculative-config JSON    vLLM's flag: '{"method": "ngram", "num_speculative_tokens": 4}'
+                               (prompt_lookup_min / prompt_lookup_max as in vLLM); the drafts
+                               count against --max-num-batched-tokens (chapter 12).
 """
 
 
@@ -51,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--default-max-tokens", type=int, default=256,
                    help="max_tokens when a request gives none")
     p.add_argument("--seed", type=int, default=0, help="weights of the tiny model")
+    p.add_argument("--speculative-config", default=None,
+                   help='speculative decoding, vLLM\'s JSON: \'{"method": "ngram", "num_speculative_tokens": 4}\'')
     p.add_argument("--log-level", default="warning")
     return p
 
@@ -63,6 +68,22 @@ def scheduler_config(args):
     return SchedulerConfig(policy=args.policy, chunk_size=chunk_size, token_budget=args.max_num_batched_tokens,
                            max_num_seqs=args.max_num_seqs,
                            long_prefill_token_threshold=args.long_prefill_token_threshold)
+
+
+def speculative_config(args):
+    """--speculative-config's JSON as a SpeculativeConfig (None when not given)."""
+    import json
+
+    from ..speculative import SpeculativeConfig
+    text = getattr(args, "speculative_config", None)
+    if text is None:
+        return None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--speculative-config={text!r}: not JSON ({e.msg}); try "
+                         '\'{"method": "ngram", "num_speculative_tokens": 4}\'') from None
+    return SpeculativeConfig.from_dict(config)
 
 
 def load_model(name: str, seed: int = 0):
@@ -88,10 +109,11 @@ def build_server(args):
     from .app import create_app
     from .engine_loop import EngineLoop
     sched = scheduler_config(args)
+    speculative = speculative_config(args)          # refused before the model loads
     model, tokenizer = load_model(args.model, args.seed)
     engine = LLMEngine(model, sched, block_size=args.block_size, num_blocks=args.num_blocks,
                        enable_prefix_caching=args.enable_prefix_caching, tokenizer=tokenizer,
-                       max_trace_steps=10_000)
+                       max_trace_steps=10_000, speculative=speculative)
     if args.max_waiting is not None and args.max_waiting < 1:
         raise ValueError(f"--max-waiting={args.max_waiting}: must be at least 1 (or left out: no bound)")
     loop = EngineLoop(engine, max_waiting=args.max_waiting)

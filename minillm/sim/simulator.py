@@ -10,19 +10,21 @@ engine would make; only the durations are predicted.
 """
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field, fields
 
 from ..config import ModelConfig
 from .cost_model import (DEFAULT_ASYNC_SCHEDULING, DEFAULT_GRAPH_MODE, StepTime, check_capture_sizes,
                          check_graph_mode, predict_step)
-from ..engine import EngineCore, StepRecord, VirtualClock
+from ..engine import EngineCore, Sampled, StepRecord, VirtualClock
 from .hardware import Hardware, PROFILES, get_hardware
 from ..kv_cache import blocks_for
 from ..prefix_cache import make_block_manager
 from ..metrics import distribution, summarize
 from ..request import RequestOutput
 from ..scheduler import SchedulerConfig
-from ..validation import check_int
+from ..speculative import SpeculativeConfig, Speculator, acceptance_stats
+from ..validation import check_int, check_real
 from .accounting import check_dtype_bytes, dtype_bytes_on
 from .workloads import Workload
 
@@ -30,6 +32,14 @@ __all__ = ["simulate", "SimResult", "CostModelExecutor", "predict_step", "StepTi
            "resolve_model", "resolve_hardware", "default_sim_num_blocks"]
 
 DUMMY_TOKEN = 0          # simulated requests produce this token; EOS is ignored
+
+
+class SimulatedSpeculator(Speculator):
+    """Drafts for requests that carry no text: always k of them (dummies). Whether they
+    are accepted is the executor's draw, at the acceptance rate the simulation is given."""
+
+    def propose(self, request, max_num_tokens: int) -> list[int]:
+        return [DUMMY_TOKEN] * max(0, max_num_tokens)
 
 
 def resolve_model(model) -> ModelConfig:
@@ -70,8 +80,13 @@ class CostModelExecutor:
 
     def __init__(self, cfg: ModelConfig, hardware: Hardware, dtype_bytes: int = 2, *,
                  graph_mode: str = DEFAULT_GRAPH_MODE, capture_sizes=None,
-                 async_scheduling: bool = DEFAULT_ASYNC_SCHEDULING):
+                 async_scheduling: bool = DEFAULT_ASYNC_SCHEDULING,
+                 acceptance_rate: float = 0.0, seed: int = 0):
         self.cfg = cfg
+        # Speculative decoding: each draft is accepted with this probability, independently,
+        # until the first rejection (Leviathan et al.'s model); seeded, so a run repeats.
+        self.acceptance_rate = check_real("acceptance_rate", acceptance_rate, 0, 1, hint="0.7")
+        self._rng = random.Random(seed)
         self.hardware = hardware
         self.dtype_bytes = dtype_bytes
         self.step_options = dict(graph_mode=check_graph_mode(graph_mode),
@@ -91,8 +106,15 @@ class CostModelExecutor:
             priced = predict_step(self.cfg, list(shape), self.hardware, self.dtype_bytes, **self.step_options)
             self._cache[shape] = priced
         self.priced.append(priced)
-        tokens = {r.request_id: DUMMY_TOKEN for (r, _), e in zip(plan.scheduled, emits_token) if e}
+        tokens = {r.request_id: Sampled([DUMMY_TOKEN] * (1 + self._num_accepted(len(plan.drafts.get(r.request_id, ())))))
+                  for (r, _), e in zip(plan.scheduled, emits_token) if e}
         return tokens, priced.total
+
+    def _num_accepted(self, num_drafts: int) -> int:
+        accepted = 0
+        while accepted < num_drafts and self._rng.random() < self.acceptance_rate:
+            accepted += 1
+        return accepted
 
     def release(self, request) -> None:
         pass
@@ -145,6 +167,8 @@ class SimResult:
         out = summarize(self.outputs, ttft_slo_s, tpot_slo_s, slo_ms)
         out["num_steps"] = len(self.trace)
         out["max_step_s"] = max((r.duration for r in self.trace), default=0.0)
+        if any(r.spec for r in self.trace):
+            out["spec"] = acceptance_stats(self.trace)
         tags = sorted({o.tag for o in self.outputs if o.tag})
         for tag in tags:
             tagged = [o for o in self.outputs if o.tag == tag]
@@ -173,7 +197,9 @@ def simulate(workload: Workload, sched: SchedulerConfig | None = None, model="ll
              num_blocks: int | None = None, ttft_slo_s: float | None = None,
              tpot_slo_s: float | None = None, enable_prefix_caching: bool = False, *,
              graph_mode: str = DEFAULT_GRAPH_MODE, capture_sizes=None,
-             async_scheduling: bool = DEFAULT_ASYNC_SCHEDULING) -> SimResult:
+             async_scheduling: bool = DEFAULT_ASYNC_SCHEDULING,
+             speculative: SpeculativeConfig | None = None, acceptance_rate: float = 0.7,
+             spec_seed: int = 0) -> SimResult:
     """Serve `workload` with the engine's scheduler; step times from the cost model.
 
     model: a preset name or ModelConfig. hardware: a profile name
@@ -188,6 +214,13 @@ def simulate(workload: Workload, sched: SchedulerConfig | None = None, model="ll
     default sizes) and async_scheduling (vLLM's default since v0.14: on):
     how each step runs on a GPU (cost_model.predict_step); the trace's
     records (SimStepRecord) say how each step was priced and why.
+
+    speculative: a SpeculativeConfig (chapter 12): every decode drafts
+    num_speculative_tokens tokens (fewer near max_tokens or when token_budget runs
+    short, as in the engine), each accepted with probability acceptance_rate until the
+    first rejection (seeded by spec_seed); a verification is priced as a chunk of
+    1 + k tokens (its LM head as one row: the cost model prices one sampled row per
+    request). The trace's `spec` field and summary()["spec"] say what was accepted.
     """
     if not isinstance(workload, Workload):
         raise ValueError(f"workload={workload!r}: give a minillm.workloads.Workload "
@@ -203,10 +236,12 @@ def simulate(workload: Workload, sched: SchedulerConfig | None = None, model="ll
         num_blocks = default_sim_num_blocks(cfg, hw, sched, block_size, dtype_bytes)
     num_blocks = check_int("num_blocks", num_blocks, 1, hint="None for what the GPU holds")
     executor = CostModelExecutor(cfg, hw, dtype_bytes, graph_mode=graph_mode, capture_sizes=capture_sizes,
-                                 async_scheduling=async_scheduling)
+                                 async_scheduling=async_scheduling, acceptance_rate=acceptance_rate,
+                                 seed=check_int("spec_seed", spec_seed))
     core = EngineCore(sched, make_block_manager(num_blocks, block_size, enable_prefix_caching),
                       executor, VirtualClock(),
-                      eos_token_ids=(), max_model_len=cfg.max_position)
+                      eos_token_ids=(), max_model_len=cfg.max_position,
+                      speculator=None if speculative is None else SimulatedSpeculator(speculative))
     if enable_prefix_caching:
         core.vocab_size = cfg.vocab_size       # token ids, so that equal prefixes hash alike
     outputs = core.run_workload(workload)
