@@ -107,6 +107,21 @@ def load_range(data):
     return [min(loads), max(loads)]
 
 
+SPEC = "data/measured/bench_spec.json"
+
+
+def spec_speedups(data, sweep, workload, k):
+    """(CPU-time, wall-clock) useful tok/s of k drafts over k = 0, as bench spec records them."""
+    row = next(r for r in data[sweep][workload] if r["k"] == k)
+    return [row["cpu_speedup"], row["speedup"]]
+
+
+def spec_span(data, sweep, workload):
+    """(min, max) over k > 0 of the CPU-time speed-ups of one workload."""
+    values = [r["cpu_speedup"] for r in data[sweep][workload] if r["k"] > 0]
+    return [min(values), max(values)]
+
+
 CH0, CH5, CH7, CH10 = ("notebooks/00_roadmap.ipynb", "notebooks/05_flops_and_io.ipynb",
                        "notebooks/07_the_lab.ipynb", "notebooks/10_serving_from_the_client.ipynb")
 LINEAR_PRINT = r"{gpu}: measured 4 x 512 = ({n}) ms vs 1 x 2048 = ({n}) ms \(x({n})\); cost model ({n}) vs ({n}) \(x({n})\)"
@@ -143,14 +158,28 @@ QUOTES = [
           lambda d: round_ratios(d, "llama.cpp 256", "minillm 256", "itl_p99_ms")),
     Quote("README.md", "9 rounds on 2026-12-05 at load average {4}-{9}", SBS, None,
           "data/bench/serve-side-by-side-2026-12-05.json", load_range),
-    # ---- README: where the articles go wrong -------------------------------------------
-    Quote("README.md", "needs about {6}x longer for its FLOPs than for its bytes on an A100", CH0 + "#3",
+    Quote("README.md", "copy-heavy chats one at a time: x{1.96} useful tok/s in CPU time, x{2.00} wall clock at k = "
+          "8 (x{1.66} / x{1.75} at k = 4); 8 at once: x{1.41} CPU, x{1.57} wall at k = 8", SPEC, None, "bench spec",
+          lambda d: [*spec_speedups(d, "sweep_one_at_a_time", "copy", 8), *spec_speedups(d, "sweep_one_at_a_time", "copy", 4),
+                     *spec_speedups(d, "sweep", "copy", 8)]),
+    Quote("README.md", "free-form questions, CPU time: x{0.75}-{0.87} at once (a cost), x{0.95}-{1.00} one at a time",
+          SPEC, None,
+          "bench spec", lambda d: spec_span(d, "sweep", "free") + spec_span(d, "sweep_one_at_a_time", "free")),
+    Quote("README.md", "TTFT x{1.22} at budget 256, x{1.02} at 1024", SPEC, None, "bench spec",
+          lambda d: [r["ttft_cpu_vs_k0"] for r in d["long_prompt"] if r["k"] == 4]),
+    Quote("README.md", "float32 texts identical to k = 0 in {72}/{72} runs", SPEC, None, "bench spec",
+          lambda d: [sum(r["identical_texts"] for w in ("sweep", "sweep_one_at_a_time") for rows in d[w].values()
+                         for r in rows if r["k"] > 0),
+                     sum(r["num_texts"] for w in ("sweep", "sweep_one_at_a_time") for rows in d[w].values()
+                         for r in rows if r["k"] > 0)]),
+    # ---- docs/articles.md: where the articles go wrong -------------------------------------------
+    Quote("docs/articles.md", "needs about {6}x longer for its FLOPs than for its bytes on an A100", CH0 + "#3",
           r"2048-token prefill: " + NUMBER + r" TFLOP -> (" + NUMBER + r") ms .* -> (" + NUMBER + r") ms",
           "chapter 0, section 3", lambda m: [m[0][0] / m[0][1]]),
-    Quote("README.md", "cost what 1 x 2048 do on an A100 (x{0.997}, chapter 5 §5) and {21}% more on an H100 "
+    Quote("docs/articles.md", "cost what 1 x 2048 do on an A100 (x{0.997}, chapter 5 §5) and {21}% more on an H100 "
           "(chapter 7 §7)", CH7 + "#7", r"GEMM penalty, measured: A100 (" + NUMBER + r")%, H100 (" + NUMBER + r")%",
           "chapter 7 §7", lambda m: [1 + m[0][0] / 100, m[0][1]]),
-    Quote("README.md", "+{18} ms with 4 streams, +{20} ms with 16, on the simulated A100", CH7 + "#7",
+    Quote("docs/articles.md", "+{18} ms with 4 streams, +{20} ms with 16, on the simulated A100", CH7 + "#7",
           r"(\d+) streams decoding: .*: \+(" + NUMBER + r") ms;", "chapter 7 §7", lambda m: [m[1][1], m[2][1]]),
     # ---- docs/benchmarks.md ---------------------------------------------------------------
     Quote("docs/benchmarks.md", "| A100 | {3.812} | {3.824} | x{0.997} | {3.850} | {3.660} | x{1.052} |", CH5 + "#5",
@@ -223,8 +252,8 @@ QUOTES = [
           None, "data/bench/serve-side-by-side-2026-12-05.json",
           lambda d: round_ratios(d, "minillm 256", "minillm", "ttft_ms") +
           round_ratios(d, "llama.cpp 256", "llama.cpp", "ttft_ms")),
-    Quote("README.md", "the ratio scatters both ways (x{0.42}-{1.51} in nine rounds", SBS, None,
-          "docs/benchmarks.md#13", lambda d: round_ratios(d, "minillm 256", "minillm", "ttft_ms")),
+    Quote("docs/articles.md", "the ratio scatters both ways (x{0.42}-{1.51} in nine rounds", SBS, None,
+          "benchmarks.md#13", lambda d: round_ratios(d, "minillm 256", "minillm", "ttft_ms")),
     Quote("docs/serving.md", "chunking cut the streams' p99 ITL {4.5}-{13.0}x on minillm and {3.7}-{9.2}x on llama.cpp",
           SBS, None, "data/bench/serve-side-by-side-2026-12-05.json",
           lambda d: round_ratios(d, "minillm", "minillm 256", "itl_p99_ms") +
