@@ -255,3 +255,19 @@ def test_llama_cpp_closing_chunk_counted_or_dropped():
                         chunk_times=[0.1, 0.15, 0.151], success=True)
     assert rec.itl == pytest.approx([0.05, 0.001])          # vLLM's ITL: mean 25.5 ms, not 50
     assert rec.tpot == pytest.approx(0.051)                # and TPOT 51 ms, not 50
+
+
+def test_tokens_of_one_step_are_one_gap_on_metrics_as_in_the_engines_itl():
+    """Speculative decoding emits several tokens in a step: they share a timestamp, and
+    /metrics counts the step's gap once, as RequestMetrics.itl and a streaming client do."""
+    from types import SimpleNamespace
+
+    from minillm.request import RequestMetrics
+    from minillm.serve.metrics_export import ServerMetrics
+    metrics = RequestMetrics(arrival_time=0.0, first_token_time=0.1, token_times=[0.1, 0.3, 0.3, 0.3, 0.6])
+    server = ServerMetrics()
+    for seen in (1, 4, 5):           # the engine reports after each step: 1, then 3, then 1 more token
+        partial = RequestMetrics(arrival_time=0.0, first_token_time=0.1, token_times=metrics.token_times[:seen])
+        server.on_token(SimpleNamespace(request_id=0, prompt_len=3, metrics=partial))
+    assert server.itl.count == len(metrics.itl) == 2
+    assert abs(server.itl.sum - sum(metrics.itl)) < 1e-12

@@ -2,7 +2,10 @@
 
 Names follow vLLM's (vllm/v1/metrics/loggers.py, vLLM 0.33) with our prefix:
   minillm:time_to_first_token_seconds   histogram, per request
-  minillm:inter_token_latency_seconds   histogram, every gap between two tokens
+  minillm:inter_token_latency_seconds   histogram, every gap between two steps that gave a
+                                        stream tokens (a step that emits several, with
+                                        speculative decoding, is one gap, as a streaming
+                                        client and vLLM's per-iteration ITL see it)
   minillm:e2e_request_latency_seconds   histogram, arrival to last token
   minillm:request_queue_time_seconds    histogram, arrival to first scheduled step
   minillm:num_requests_running / _waiting   gauges
@@ -101,7 +104,8 @@ class ServerMetrics:
                 self.ttft.observe(out.metrics.ttft)
                 self.prompt_tokens += out.prompt_len
             for a, b in zip(times[max(seen - 1, 0):], times[max(seen, 1):]):
-                self.itl.observe(b - a)
+                if b != a:                     # tokens of one step share a timestamp: no gap
+                    self.itl.observe(b - a)
             self._last_token_count[out.request_id] = len(times)
 
     def on_finish(self, out, reason: str | None) -> None:
@@ -135,7 +139,7 @@ class ServerMetrics:
                       for r, n in sorted(self.finished.items())]
             for name, hist, help_ in (
                     ("time_to_first_token_seconds", self.ttft, "Time to first token, arrival to first token."),
-                    ("inter_token_latency_seconds", self.itl, "Every gap between two consecutive tokens."),
+                    ("inter_token_latency_seconds", self.itl, "Every gap between two steps that gave a stream tokens."),
                     ("e2e_request_latency_seconds", self.e2e, "Arrival to last token, finished requests."),
                     ("request_queue_time_seconds", self.queue_time, "Arrival to the first step that schedules it.")):
                 lines += [f"# HELP {p}{name} {help_}", f"# TYPE {p}{name} histogram"] + hist.lines(p + name, label)
