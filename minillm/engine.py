@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .attention import default_backend
+from .batch_invariant import check_batch_invariant
 from .detokenizer import IncrementalDetokenizer
 from .device import free_memory_bytes, synchronize
 from .kv_cache import BlockManager, blocks_for, check_pool_fits
@@ -442,8 +444,9 @@ def _progress_bar(enabled: bool, total: int):
 class ModelExecutor:
     """Packs a scheduled step for the model runner and samples the tokens."""
 
-    def __init__(self, model, block_manager: BlockManager, backend: str | None = None):
-        self.runner = ModelRunner(model, block_manager, backend=backend)
+    def __init__(self, model, block_manager: BlockManager, backend: str | None = None,
+                 batch_invariant: bool = False):
+        self.runner = ModelRunner(model, block_manager, backend=backend, batch_invariant=batch_invariant)
         self.cfg = model.cfg
         self.device = model.device
         self._generators: dict[int, torch.Generator | None] = {}
@@ -532,9 +535,12 @@ class LLMEngine(EngineCore):
     def __init__(self, model, sched: SchedulerConfig | None = None, block_size: int = 16,
                  num_blocks: int | None = None, backend: str | None = None,
                  enable_prefix_caching: bool = False, tokenizer=None, *,
-                 max_trace_steps: int | None = None, max_finished_requests: int = 1024):
+                 max_trace_steps: int | None = None, max_finished_requests: int = 1024,
+                 batch_invariant: bool = False):
         check_instance("model", model, LlamaModel, "a model",
                        hint="minillm.build_model('tiny') or minillm.load_hf_model(path)")
+        # batch_invariant: every row's bits independent of what shares its step (chapter 11)
+        check_batch_invariant(batch_invariant, backend or model.backend or default_backend(model.device))
         sched = sched if sched is not None else SchedulerConfig()
         check_instance("sched", sched, SchedulerConfig, "a SchedulerConfig", hint="SchedulerConfig(policy='chunked')")
         block_size = check_int("block_size", block_size, 1, hint="16")
@@ -546,10 +552,11 @@ class LLMEngine(EngineCore):
         # enable_prefix_caching (vLLM's name): reuse the KV blocks of prefixes
         # already computed, e.g. a system prompt shared by many chats.
         blocks = make_block_manager(num_blocks, block_size, enable_prefix_caching)
-        super().__init__(sched, blocks, ModelExecutor(model, blocks, backend), WallClock(),
+        super().__init__(sched, blocks, ModelExecutor(model, blocks, backend, batch_invariant), WallClock(),
                          eos_token_ids=model.cfg.eos_token_ids, max_model_len=model.cfg.max_position,
                          max_trace_steps=max_trace_steps, max_finished_requests=max_finished_requests)
         self.model = model
+        self.batch_invariant = batch_invariant
         self.vocab_size = model.cfg.vocab_size
         self.tokenizer = tokenizer            # None: outputs carry ids only, text=None
         self._detokenizers: dict[int, IncrementalDetokenizer] = {}

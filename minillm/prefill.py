@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from .batch_invariant import check_batch_invariant
 from .kv_cache import BlockManager, PagedKVCache, blocks_for
 from .model_runner import ModelRunner, StepChunk
 from .validation import check_int, is_int
@@ -49,21 +50,24 @@ def check_chunk_size(chunk_size, arg: str = "chunk_size"):
 # ---------------------------------------------------------------------------
 # One prompt through the cache, whole or in chunks
 # ---------------------------------------------------------------------------
-def prefill_kv(model, token_ids, chunk_size=None, backend=None, block_size: int = 16):
+def prefill_kv(model, token_ids, chunk_size=None, backend=None, block_size: int = 16,
+               batch_invariant: bool = False):
     """Run a prompt through the engine's paged cache and forward pass.
 
     chunk_size=None: one full prefill; else chunks of chunk_size tokens, each
     attending to the cache the earlier chunks wrote.
+    batch_invariant=True: the same bits for every chunk size (batch_invariant.py).
     Returns kv [num_layers, 2, T, num_kv_heads, head_dim] (K after RoPE) and
     the logits of every position [T, vocab].
     """
     token_ids = check_prompt(model, token_ids)
     chunk_size = check_chunk_size(chunk_size)
+    check_batch_invariant(batch_invariant, backend or model.backend)
     num_tokens = len(token_ids)
     step = chunk_size or num_tokens
     blocks = BlockManager(blocks_for(num_tokens, block_size), block_size)
     blocks.allocate("prompt", num_tokens)
-    runner = ModelRunner(model, blocks, backend=backend)
+    runner = ModelRunner(model, blocks, backend=backend, batch_invariant=batch_invariant)
     logits = []
     for start in range(0, num_tokens, step):
         chunk = StepChunk("prompt", token_ids[start:start + step], num_cached=start)
