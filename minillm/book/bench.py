@@ -47,7 +47,7 @@ from ..scheduler import SchedulerConfig
 
 # What `python -m minillm bench WHICH` runs (the usage line of __main__.py lists them too).
 BENCH_COMMANDS = ("chunk-cost", "interference", "hf", "hf-real", "simulator", "memory", "lab", "capacity",
-                  "prefix-cache", "partial-prefills", "steps", "compile-probe", "all")
+                  "prefix-cache", "partial-prefills", "steps", "compile-probe", "invariant", "divergence", "all")
 
 
 def bench_chunk_cost(shape: str = "tiny", prompt_len: int = 2048, chunk_sizes=(256, 64),
@@ -620,6 +620,9 @@ def main(argv: list[str]) -> int:
     if args.which in ("prefix-cache", "partial-prefills", "all"):
         from .bench_ch8 import report
         results.update(report(args.which))
+    if args.which in ("invariant", "divergence"):     # chapter 11 (divergence: ~1 h, not in `all`)
+        from .bench_invariant import main as invariant_main
+        results[args.which] = invariant_main(args.which, out, args.rounds if args.rounds > 1 else 3)
     if args.which in ("memory", "all"):
         from .bench_memory import bench_memory, report
         results["memory"] = bench_memory(args.memory_requests, warmup_requests=args.memory_requests // 4)
