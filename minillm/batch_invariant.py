@@ -17,13 +17,15 @@ nothing about its step can reach it:
   SiLU            x / (1 + exp(-x)): torch's fused float32 silu rounds the
                   elements of a vector's tail (and of each thread's share)
                   differently from the rest; exp, add and div do not.
-  attention       key tiles of KEY_TILE positions aligned to ABSOLUTE
-                  positions (not to the chunk), query tiles of QUERY_TILE
-                  positions, each (query tile, key tile) product one fixed-shape
-                  GEMM; the softmax weights exp(score - row max) (a max is
-                  exact in any order) summed per tile, then across tiles in one
-                  fixed binary tree over the absolute tile index. Tiles past a
-                  row's position add exact zeros, so a row computed as a
+  attention       every row alone, its keys from position 0 in one fixed order:
+                  on the CPU the compiled paged kernel (kernels/) takes every
+                  row of the step as a decode of its own length; without it,
+                  key tiles of KEY_TILE positions aligned to ABSOLUTE positions
+                  (not to the chunk), query tiles of QUERY_TILE positions, each
+                  (query tile, key tile) product one fixed-shape GEMM, the
+                  weights exp(score - row max) (a max is exact in any order)
+                  summed per tile, then across tiles in one fixed binary tree
+                  over the absolute tile index. Either way a row computed as a
                   decode, in a chunk of 3 or in a whole prompt gets the same bits.
 
 What stays per row without help (chapter 11 measures it): the embedding
@@ -208,21 +210,27 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
     q: [T, Hq, D]; k_cache, v_cache: [num_blocks, block_size, Hkv, D], the
     step's own K and V already written -> out [T, Hq, D].
-    Where the compiled CPU kernel runs (float32 or float64, kernels/), every
-    row goes through it as a decode of its own length: the kernel computes a
-    row alone, its keys from position 0 in groups of 16, in one order that
-    depends on the row's position only. Elsewhere the tiled version below.
+    Where the compiled CPU kernel runs (kernels/), every row goes through it as
+    a decode of its own length: the kernel computes a row alone, its keys from
+    position 0 in groups of 16, in one order that depends on the row's position
+    only. bfloat16 runs it in float32 on the step's blocks, upcast (exactly) once
+    per layer, and rounds the output once. Elsewhere the tiled version below.
     """
-    if uses_row_kernel(q, k_cache, v_cache):
-        tables, lengths = _row_tables(batch, q.device)
-        return kernels.paged_decode(q.contiguous(), k_cache, v_cache, tables, lengths, q.shape[-1] ** -0.5)
-    return tiled_attention(q, k_cache, v_cache, batch)
+    if not uses_row_kernel(q, k_cache, v_cache):
+        return tiled_attention(q, k_cache, v_cache, batch)
+    tables, lengths = _row_tables(batch, q.device)
+    scale = q.shape[-1] ** -0.5
+    if q.dtype != torch.bfloat16:
+        return kernels.paged_decode(q.contiguous(), k_cache, v_cache, tables, lengths, scale)
+    blocks, compact_tables = _step_blocks(batch, tables)
+    k, v = k_cache.index_select(0, blocks).float(), v_cache.index_select(0, blocks).float()
+    return kernels.paged_decode(q.float(), k, v, compact_tables, lengths, scale).to(q.dtype)
 
 
 def uses_row_kernel(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-    """Whether the compiled paged kernel (float32/float64 on the CPU, once built) takes the step."""
-    return (q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and k_cache.is_contiguous()
-            and v_cache.is_contiguous() and kernels.paged_decode_available())
+    """Whether the compiled paged kernel (float32, float64 or bfloat16 on the CPU, once built) takes the step."""
+    return (q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64, torch.bfloat16)
+            and k_cache.is_contiguous() and v_cache.is_contiguous() and kernels.paged_decode_available())
 
 
 def _row_tables(batch, device):
@@ -237,6 +245,14 @@ def _row_tables(batch, device):
         batch._plan["batch_invariant_rows"] = (torch.tensor(tables, dtype=torch.long, device=device),
                                                torch.tensor(lengths, dtype=torch.long, device=device))
     return batch._plan["batch_invariant_rows"]
+
+
+def _step_blocks(batch, tables: torch.Tensor):
+    """The blocks the step reads (sorted) and the row tables renumbered into them."""
+    if "batch_invariant_blocks" not in batch._plan:
+        blocks, compact = torch.unique(tables, return_inverse=True)
+        batch._plan["batch_invariant_blocks"] = (blocks, compact)
+    return batch._plan["batch_invariant_blocks"]
 
 
 def tiled_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch,
