@@ -32,11 +32,12 @@ What stays per row without help (chapter 11 measures it): the embedding
 (a copy), RoPE, RMSNorm (a reduction along each row), the residual adds,
 log_softmax and the sampler.
 
-Where it holds: the "sdpa" and "reference" backends (both use the tiled
-attention above) and "triton" (its kernel already walks key tiles that are
-cache blocks, in order, with fixed tile shapes; tested in triton's
-interpreter). "flash" is refused: flash-attn picks its kernel and its split of
-the keys from the batch's shape.
+Where it holds: the "sdpa" and "reference" backends (both hand the step to
+the attention above) and "triton" (its kernel already walks key tiles that
+are cache blocks, in order, with fixed tile shapes: tested in triton's
+interpreter, not yet on a GPU). "flash" is refused: flash-attn picks its split
+of the keys from the batch's size, and another path when every query is a
+decode (num_splits_heuristic, seqlenq_ngroups_swapped in its flash_api.cpp).
 """
 from __future__ import annotations
 

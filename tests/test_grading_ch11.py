@@ -204,3 +204,23 @@ def test_ulp_distance_shortcuts_are_named():
     fails(ex.check_ulp_distance, two_zeros, match="opposite signs|\\+0 and -0")
     fails(ex.check_ulp_distance, always_int32, match="bfloat16 is 16 bits")
     fails(ex.check_ulp_distance, book_ulps, match="you handed in minillm.book.bits.ulp_distance")
+
+
+def test_the_chapters_printed_sums_do_not_pass_the_streaming_task():
+    """Chapter 11 prints a row's sum over absolute tiles with every term at hand; pasted into
+    the streaming task it must keep every score, which the checker refuses."""
+    import ast
+    from pathlib import Path
+
+    source = (Path(__file__).resolve().parents[1] / "notebooks" / "src" / "11_bit_for_bit.py").read_text()
+    node = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "row_sum_invariant")
+    namespace = {"torch": torch}
+    exec(compile(ast.fix_missing_locations(ast.Module([node], [])), "<chapter 11>", "exec"), namespace)
+    row_sum_invariant = namespace["row_sum_invariant"]
+
+    def pasted(state, scores, tile):
+        kept = scores if state is None else torch.cat([state, scores])
+        top = kept.max()
+        return kept, top + torch.log(row_sum_invariant(torch.exp(kept - top), len(kept) - 1, tile))
+
+    fails(ex.check_streaming_logsumexp, pasted, match="keeping every score")
