@@ -11,8 +11,8 @@ layers and, in bfloat16, flips greedy tokens.
 `batch_invariant=True` (LLMEngine, prefill_kv) computes every row so that
 nothing about its step can reach it:
 
-  linear layers   rows in tiles of ROW_TILE, one GEMM call per tile, the last
-                  tile padded: every call has the same shape, so the library
+  linear layers   rows in tiles of a fixed number of rows (row_tile), the last
+                  tile padded: every GEMM has the same shape, so the library
                   picks the same kernel for every row, whatever the batch.
   SiLU            x / (1 + exp(-x)): torch's fused float32 silu rounds the
                   elements of a vector's tail (and of each thread's share)
@@ -49,7 +49,11 @@ import torch.nn.functional as F
 from . import kernels
 from .validation import ArgumentTypeError
 
-ROW_TILE = 32        # rows per GEMM call of a linear layer
+# Rows per GEMM of a linear layer, per dtype: the padding of a small step against the
+# pace of many tiles. float32 runs the tiles as one batched GEMM, where 16 measured
+# cheaper (`bench invariant`); bfloat16 one call per tile, where 32 did (chapter 11, section 4).
+ROW_TILE = {torch.bfloat16: 32}
+DEFAULT_ROW_TILE = 16
 QUERY_TILE = 8       # query positions per attention tile (x the GQA group = the GEMM's rows)
 KEY_TILE = 32        # keys per attention tile, tile j = positions [j * KEY_TILE, (j + 1) * KEY_TILE)
 
@@ -76,24 +80,37 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
            tile_rows: int | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias) over tiles of tile_rows rows: x [T, in] -> [T, out].
 
-    One GEMM call per tile, each of shape [tile_rows, in] x [in, out] (the last
-    tile padded with zero rows), so every row goes through the kernel that
-    shape picks, in whichever slot of its tile it lands.
+    Every tile is one GEMM of shape [tile_rows, in] x [in, out] (the last tile
+    padded with zero rows), so every row goes through the kernel that shape
+    picks, in whichever slot of its tile it lands. float32 and float64 run the
+    tiles as the items of one batched GEMM (each item computed alone, whatever
+    their number: measured in tests/test_batch_invariant.py); bfloat16, whose
+    batched GEMM is slow on the CPU, one call per tile.
     """
-    tile_rows = tile_rows or ROW_TILE
-    num_rows = x.shape[0]
-    x = x.contiguous()
-    weight_t = weight.t()
-    out = x.new_empty(-(-num_rows // tile_rows) * tile_rows, weight.shape[0])   # [T rounded up, out]
-    for start in range(0, num_rows, tile_rows):
-        rows = x[start:start + tile_rows]
-        if rows.shape[0] < tile_rows:                  # the last tile, padded with zero rows
-            rows = torch.cat([rows, rows.new_zeros(tile_rows - rows.shape[0], rows.shape[1])])
+    tile_rows = tile_rows or row_tile(x.dtype)
+    num_rows, num_tiles = x.shape[0], -(-x.shape[0] // tile_rows)
+    padded = x if num_rows == num_tiles * tile_rows else torch.cat(
+        [x, x.new_zeros(num_tiles * tile_rows - num_rows, x.shape[1])])
+    tiles = padded.contiguous().view(num_tiles, tile_rows, x.shape[1])        # [n, R, in]
+    weight_t = weight.t().expand(num_tiles, *weight.t().shape)               # [n, in, out], no copy
+    if x.dtype in (torch.float32, torch.float64):
         if bias is None:
-            torch.mm(rows, weight_t, out=out[start:start + tile_rows])
+            out = torch.bmm(tiles, weight_t)
         else:
-            torch.addmm(bias, rows, weight_t, out=out[start:start + tile_rows])
-    return out[:num_rows]
+            out = torch.baddbmm(bias.expand(num_tiles, tile_rows, -1), tiles, weight_t)
+        return out.view(-1, weight.shape[0])[:num_rows]
+    out = x.new_empty(num_tiles, tile_rows, weight.shape[0])
+    for i in range(num_tiles):
+        if bias is None:
+            torch.mm(tiles[i], weight_t[i], out=out[i])
+        else:
+            torch.addmm(bias, tiles[i], weight_t[i], out=out[i])
+    return out.view(-1, weight.shape[0])[:num_rows]
+
+
+def row_tile(dtype) -> int:
+    """Rows per GEMM tile of the linear layers for this dtype."""
+    return ROW_TILE.get(dtype, DEFAULT_ROW_TILE)
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:

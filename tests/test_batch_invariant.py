@@ -146,16 +146,26 @@ def test_bad_neighbours_are_refused_by_name():
         prefill_kv(model, [1, 2, 3], neighbours=[(1, 5), (0, 3)])
 
 
-def test_linear_tiles_give_a_row_the_same_bits_in_any_slot_and_any_batch():
-    torch.manual_seed(0)
-    weight, bias = torch.randn(96, 64), torch.randn(96)
-    x = torch.randn(70, 64)
-    whole = batch_invariant.linear(x, weight, bias)
-    for rows in (1, 2, 3, 5, 33):
-        for start in (0, 7, 40):
-            part = x[start:start + rows]
-            assert torch.equal(batch_invariant.linear(part, weight, bias), whole[start:start + rows])
-    torch.testing.assert_close(whole, F.linear(x, weight, bias))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_linear_tiles_give_a_row_the_same_bits_in_any_slot_and_any_batch(dtype):
+    """Any number of tiles, any slot in a tile, with and without a bias, 1 and 2 threads."""
+    gen = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(96, 64, generator=gen).to(dtype), torch.randn(96, generator=gen).to(dtype)
+    x = torch.randn(70, 64, generator=gen).to(dtype)
+    threads = torch.get_num_threads()
+    try:
+        for num_threads in (1, 2):
+            torch.set_num_threads(num_threads)
+            for b in (None, bias):
+                whole = batch_invariant.linear(x, weight, b)
+                for rows in (1, 2, 3, 5, 33):
+                    for start in (0, 7, 40):
+                        part = batch_invariant.linear(x[start:start + rows], weight, b)
+                        assert torch.equal(part, whole[start:start + rows]), (num_threads, rows, start)
+                torch.testing.assert_close(whole, F.linear(x, weight, b), rtol=0.02 if dtype != torch.float32 else 1e-5,
+                                           atol=0.05 if dtype != torch.float32 else 1e-5)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_silu_is_silu_and_rounds_every_element_alike():
