@@ -18,7 +18,7 @@ def code_cells(path):
 
 
 def test_every_chapter_of_the_map_is_there():
-    assert [p.name[:2] for p in CHAPTERS] == [f"{i:02d}" for i in range(11)]
+    assert [p.name[:2] for p in CHAPTERS] == [f"{i:02d}" for i in range(12)]
     for chapter in CHAPTERS:
         assert (ROOT / "notebooks" / "src" / (chapter.stem + ".py")).exists(), chapter.name
 

@@ -54,6 +54,7 @@ class BitDifference:
 
 
 def bit_difference(a: torch.Tensor, b: torch.Tensor) -> BitDifference:
+    a, b = a.detach(), b.detach()
     ulps = ulp_distance(a, b)
     differ = ulps[ulps > 0]
     scale = b.abs().max().double()
