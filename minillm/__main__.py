@@ -6,7 +6,7 @@ import sys
 USAGE = """usage: python -m minillm COMMAND [options]
 
 commands:
-  bench [chunk-cost|interference|hf|hf-real|simulator|memory|lab|capacity|prefix-cache|partial-prefills|steps|compile-probe|spec|all]
+  bench [chunk-cost|interference|hf|hf-real|simulator|memory|lab|capacity|prefix-cache|partial-prefills|steps|compile-probe|spec|invariant|divergence|all]
         [--out DIR]                                    benchmarks on this device
   bench serve --base-url URL [...]                     measure any OpenAI-compatible server from
                                                        the client, as `vllm bench serve` does

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from . import batch_invariant as invariant
 from . import kernels
 from .kv_cache import blocks_for, gather_kv, view_kv
 
@@ -304,7 +305,8 @@ def _flash_attn_imports() -> bool:
 
 
 def paged_attention(q, k_new, v_new, k_cache, v_cache, batch: AttentionBatch,
-                    backend: str | None = None, prefixes: list | None = None):
+                    backend: str | None = None, prefixes: list | None = None,
+                    batch_invariant: bool = False):
     """Write the new K/V into the cache, then attend for every request.
 
     q: [T, Hq, D]; k_new, v_new: [T, Hkv, D] -> out [T, Hq, D]
@@ -313,11 +315,18 @@ def paged_attention(q, k_new, v_new, k_cache, v_cache, batch: AttentionBatch,
     prefixes: this layer's (k, v) cached prefix of each prefill chunk where the
     caller has it as a view for the whole step (read_cached_prefixes); None
     entries (or prefixes=None) are gathered here.
+    batch_invariant: every row's bits independent of the step (batch_invariant.py): the
+    reference and sdpa backends hand the step to its tiled attention; triton's kernel is
+    invariant as it is; flash is refused.
     """
-    backend = default_backend(q.device, q.dtype, batch.block_size) if backend is None else backend
+    if backend is None:     # the mode never lands on a backend it refuses (flash)
+        backend = "sdpa" if batch_invariant else default_backend(q.device, q.dtype, batch.block_size)
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: must be one of {BACKENDS}")
+    invariant.check_batch_invariant(batch_invariant, backend)
     write_kv(k_cache, v_cache, k_new, v_new, batch.slot_mapping)
+    if batch_invariant and backend != "triton":
+        return invariant.paged_attention(q, k_cache, v_cache, batch)
     if backend == "flash":
         return _flash_paged(q, k_cache, v_cache, batch)
     if backend == "triton":

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .batch_invariant import check_batch_invariant
 from .detokenizer import IncrementalDetokenizer
 from .device import free_memory_bytes, synchronize
 from .kv_cache import BlockManager, blocks_for, check_pool_fits
@@ -459,8 +460,9 @@ def _progress_bar(enabled: bool, total: int):
 class ModelExecutor:
     """Packs a scheduled step for the model runner and samples the tokens."""
 
-    def __init__(self, model, block_manager: BlockManager, backend: str | None = None):
-        self.runner = ModelRunner(model, block_manager, backend=backend)
+    def __init__(self, model, block_manager: BlockManager, backend: str | None = None,
+                 batch_invariant: bool = False):
+        self.runner = ModelRunner(model, block_manager, backend=backend, batch_invariant=batch_invariant)
         self.cfg = model.cfg
         self.device = model.device
         self._generators: dict[int, torch.Generator | None] = {}
@@ -563,9 +565,12 @@ class LLMEngine(EngineCore):
                  num_blocks: int | None = None, backend: str | None = None,
                  enable_prefix_caching: bool = False, tokenizer=None, *,
                  max_trace_steps: int | None = None, max_finished_requests: int = 1024,
-                 speculative=None):
+                 speculative=None, batch_invariant: bool = False):
         check_instance("model", model, LlamaModel, "a model",
                        hint="minillm.build_model('tiny') or minillm.load_hf_model(path)")
+        # batch_invariant: every row's bits independent of what shares its step (chapter 11)
+        # (no backend named: the mode runs on sdpa, see attention.paged_attention)
+        check_batch_invariant(batch_invariant, backend or model.backend)
         sched = sched if sched is not None else SchedulerConfig()
         check_instance("sched", sched, SchedulerConfig, "a SchedulerConfig", hint="SchedulerConfig(policy='chunked')")
         block_size = check_int("block_size", block_size, 1, hint="16")
@@ -577,12 +582,13 @@ class LLMEngine(EngineCore):
         # enable_prefix_caching (vLLM's name): reuse the KV blocks of prefixes
         # already computed, e.g. a system prompt shared by many chats.
         blocks = make_block_manager(num_blocks, block_size, enable_prefix_caching)
-        super().__init__(sched, blocks, ModelExecutor(model, blocks, backend), WallClock(),
+        super().__init__(sched, blocks, ModelExecutor(model, blocks, backend, batch_invariant), WallClock(),
                          eos_token_ids=model.cfg.eos_token_ids, max_model_len=model.cfg.max_position,
                          max_trace_steps=max_trace_steps, max_finished_requests=max_finished_requests,
                          # speculative: a speculative.SpeculativeConfig (chapter 12), or None
                          speculator=None if speculative is None else Speculator(speculative))
         self.model = model
+        self.batch_invariant = batch_invariant
         self.vocab_size = model.cfg.vocab_size
         self.tokenizer = tokenizer            # None: outputs carry ids only, text=None
         self._detokenizers: dict[int, IncrementalDetokenizer] = {}

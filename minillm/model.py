@@ -20,6 +20,7 @@ import math
 import torch
 from torch import nn
 
+from . import batch_invariant as invariant
 from .attention import AttentionBatch, paged_attention, read_cached_prefixes
 from .config import ModelConfig
 
@@ -83,6 +84,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
+def project(layer: nn.Linear, x: torch.Tensor, batch_invariant: bool = False) -> torch.Tensor:
+    """layer(x), or over fixed row tiles in batch-invariant mode (batch_invariant.py)."""
+    return invariant.linear(x, layer.weight, layer.bias) if batch_invariant else layer(x)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -97,17 +103,18 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
     def forward(self, x, cos, sin, batch: AttentionBatch, k_cache, v_cache, backend: str,
-                prefixes=None):
+                prefixes=None, batch_invariant: bool = False):
         T = x.shape[0]
         cfg = self.cfg
-        q = self.q_proj(x).view(T, cfg.num_heads, cfg.head_dim)        # [T, Hq, D]
-        k = self.k_proj(x).view(T, cfg.num_kv_heads, cfg.head_dim)     # [T, Hkv, D]
-        v = self.v_proj(x).view(T, cfg.num_kv_heads, cfg.head_dim)     # [T, Hkv, D]
+        q = project(self.q_proj, x, batch_invariant).view(T, cfg.num_heads, cfg.head_dim)      # [T, Hq, D]
+        k = project(self.k_proj, x, batch_invariant).view(T, cfg.num_kv_heads, cfg.head_dim)   # [T, Hkv, D]
+        v = project(self.v_proj, x, batch_invariant).view(T, cfg.num_kv_heads, cfg.head_dim)   # [T, Hkv, D]
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = paged_attention(q, k, v, k_cache, v_cache, batch, backend, prefixes)  # [T, Hq, D]
-        return self.o_proj(out.reshape(T, cfg.q_size))                  # [T, hidden]
+        out = paged_attention(q, k, v, k_cache, v_cache, batch, backend, prefixes,
+                              batch_invariant=batch_invariant)                  # [T, Hq, D]
+        return project(self.o_proj, out.reshape(T, cfg.q_size), batch_invariant)  # [T, hidden]
 
 
 class MLP(nn.Module):
@@ -119,8 +126,10 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x):
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x, batch_invariant: bool = False):
+        silu = invariant.silu if batch_invariant else nn.functional.silu
+        gate = silu(project(self.gate_proj, x, batch_invariant))
+        return project(self.down_proj, gate * project(self.up_proj, x, batch_invariant), batch_invariant)
 
 
 class DecoderLayer(nn.Module):
@@ -131,10 +140,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, batch, k_cache, v_cache, backend, prefixes=None):
+    def forward(self, x, cos, sin, batch, k_cache, v_cache, backend, prefixes=None, batch_invariant=False):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, k_cache, v_cache, backend,
-                               prefixes)
-        return x + self.mlp(self.post_attention_layernorm(x))
+                               prefixes, batch_invariant)
+        return x + self.mlp(self.post_attention_layernorm(x), batch_invariant)
 
 
 class Decoder(nn.Module):
@@ -180,12 +189,13 @@ class LlamaModel(nn.Module):
 
     @torch.inference_mode()
     def forward(self, token_ids, positions, batch: AttentionBatch, kv_cache,
-                logits_indices=None, backend: str | None = None):
+                logits_indices=None, backend: str | None = None, batch_invariant: bool = False):
         """One packed step.
 
         token_ids, positions: [T] (absolute positions within each request)
         kv_cache: a PagedKVCache; the step's K and V are written into it
         logits_indices: rows whose logits are wanted (None: all T rows)
+        batch_invariant: each row's bits independent of the step's other rows (batch_invariant.py)
         returns logits [len(logits_indices) or T, vocab]
         """
         self.check_token_ids(token_ids)
@@ -201,10 +211,12 @@ class LlamaModel(nn.Module):
         for i, layer in enumerate(self.model.layers):
             k_cache, v_cache = kv_cache.layer(i)
             layer_prefixes = [None if p is None else (p[i, 0], p[i, 1]) for p in prefixes]
-            x = layer(x, cos, sin, batch, k_cache, v_cache, backend, layer_prefixes)
+            x = layer(x, cos, sin, batch, k_cache, v_cache, backend, layer_prefixes, batch_invariant)
         if logits_indices is not None:
             x = x[logits_indices]                                    # [S, hidden]
         x = self.model.norm(x)
+        if batch_invariant:
+            return invariant.linear(x, self.lm_head_weight())        # [S, vocab]
         return x @ self.lm_head_weight().T                           # [S, vocab]
 
 

@@ -35,10 +35,12 @@ class StepChunk:
 
 
 class ModelRunner:
-    def __init__(self, model, block_manager: BlockManager, backend: str | None = None):
+    def __init__(self, model, block_manager: BlockManager, backend: str | None = None,
+                 batch_invariant: bool = False):
         self.model = model
         self.block_manager = block_manager
         self.backend = backend
+        self.batch_invariant = batch_invariant    # every row's bits independent of its step (chapter 11)
         # A big step's activations would otherwise be mmapped and page-faulted
         # in afresh every step (host_memory.py).
         host_memory.keep_freed_memory()
@@ -71,6 +73,8 @@ class ModelRunner:
     def execute(self, chunks: list[StepChunk], all_logits: bool = False) -> torch.Tensor:
         """Run one step; logits [S, vocab] of the rows the chunks ask for (or [T, vocab] if all_logits)."""
         token_ids, positions, batch, logits_indices = self.prepare(chunks)
+        # Named only when on, so a stand-in model (a test's, a chapter's) need not know the mode.
+        mode = {"batch_invariant": True} if self.batch_invariant else {}
         return self.model(token_ids, positions, batch, self.kv_cache,
                           logits_indices=None if all_logits else logits_indices,
-                          backend=self.backend)
+                          backend=self.backend, **mode)

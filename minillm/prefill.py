@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from .batch_invariant import check_batch_invariant
 from .kv_cache import BlockManager, PagedKVCache, blocks_for
 from .model_runner import ModelRunner, StepChunk
 from .validation import check_int, is_int
@@ -49,27 +50,67 @@ def check_chunk_size(chunk_size, arg: str = "chunk_size"):
 # ---------------------------------------------------------------------------
 # One prompt through the cache, whole or in chunks
 # ---------------------------------------------------------------------------
-def prefill_kv(model, token_ids, chunk_size=None, backend=None, block_size: int = 16):
+def prefill_kv(model, token_ids, chunk_size=None, backend=None, block_size: int = 16,
+               batch_invariant: bool = False, neighbours=(), seed: int = 0):
     """Run a prompt through the engine's paged cache and forward pass.
 
     chunk_size=None: one full prefill; else chunks of chunk_size tokens, each
     attending to the cache the earlier chunks wrote.
+    batch_invariant=True: the same bits for every chunk size and neighbours (batch_invariant.py).
+    neighbours: other requests packed into every step beside the prompt's chunk, as
+    prepare_step's (num_new_tokens, num_cached_tokens) pairs: (1, 300) a decode after
+    300 tokens, (64, 0) another prompt's first chunk. Their tokens and cached K/V are
+    seeded random: they change nothing but the shape of each step.
     Returns kv [num_layers, 2, T, num_kv_heads, head_dim] (K after RoPE) and
     the logits of every position [T, vocab].
     """
     token_ids = check_prompt(model, token_ids)
     chunk_size = check_chunk_size(chunk_size)
+    check_batch_invariant(batch_invariant, backend or model.backend)
+    riders = check_step_shape(neighbours, "neighbours", allow_empty=True)
     num_tokens = len(token_ids)
     step = chunk_size or num_tokens
-    blocks = BlockManager(blocks_for(num_tokens, block_size), block_size)
+    blocks = BlockManager(blocks_for(num_tokens, block_size)
+                          + sum(blocks_for(n + c, block_size) for n, c, _ in riders), block_size)
     blocks.allocate("prompt", num_tokens)
-    runner = ModelRunner(model, blocks, backend=backend)
+    runner = ModelRunner(model, blocks, backend=backend, batch_invariant=batch_invariant)
+    rider_chunks = _random_requests(runner, riders, seed, first_id=1)
     logits = []
     for start in range(0, num_tokens, step):
         chunk = StepChunk("prompt", token_ids[start:start + step], num_cached=start)
-        logits.append(runner.execute([chunk], all_logits=True))
+        logits.append(runner.execute([chunk] + rider_chunks, all_logits=True)[:len(chunk.token_ids)])
     kv = runner.kv_cache.gather(blocks.block_tables["prompt"], num_tokens)
     return kv, torch.cat(logits)
+
+
+def check_step_shape(shape, arg: str = "shape", allow_empty: bool = False) -> list[tuple[int, int, bool]]:
+    """[(num_new_tokens, num_cached_tokens[, samples]), ...] -> checked (int, int, bool) triples."""
+    entries = []
+    for i, item in enumerate(shape):
+        num_new, num_cached, samples = (tuple(item) + (True,))[:3]
+        if not is_int(num_new) or not is_int(num_cached) or num_new < 1 or num_cached < 0:
+            raise ValueError(f"{arg}[{i}]={item!r}: need num_new_tokens >= 1 and num_cached_tokens >= 0")
+        entries.append((int(num_new), int(num_cached), bool(samples)))
+    if not entries and not allow_empty:
+        raise ValueError(f"{arg}=[]: a step needs at least one request")
+    return entries
+
+
+def _random_requests(runner: ModelRunner, entries, seed: int, first_id: int = 0) -> list[StepChunk]:
+    """One StepChunk per (num_new, num_cached, samples) entry: seeded random tokens, and
+    seeded random K/V in the cached prefix (runner's block manager allocates them)."""
+    generator = torch.Generator().manual_seed(seed)
+    total = sum(n + c for n, c, _ in entries)
+    tokens = torch.randint(0, runner.model.cfg.vocab_size, (total,), generator=generator).tolist()
+    chunks, offset = [], 0
+    for i, (num_new, num_cached, samples) in enumerate(entries, start=first_id):
+        runner.block_manager.allocate(i, num_cached + num_new)
+        prompt = tokens[offset:offset + num_cached + num_new]
+        offset += num_cached + num_new
+        if num_cached:
+            _fill_random_kv(runner.kv_cache, runner.block_manager.slot_mapping(i, 0, num_cached), generator)
+        chunks.append(StepChunk(i, prompt[num_cached:], num_cached, sample=samples))
+    return chunks
 
 
 def prepare_step(model, shape, seed: int = 0, block_size: int = 16, backend=None):
@@ -82,28 +123,10 @@ def prepare_step(model, shape, seed: int = 0, block_size: int = 16, backend=None
     returned zero-argument function runs exactly one forward step: the thing
     to time or to count FLOPs of. It returns the logits of the sampled rows.
     """
-    generator = torch.Generator().manual_seed(seed)
-    entries = []
-    for i, item in enumerate(shape):
-        num_new, num_cached, samples = (tuple(item) + (True,))[:3]
-        if num_new < 1 or num_cached < 0:
-            raise ValueError(f"shape[{i}]={item!r}: need num_new_tokens >= 1 and num_cached_tokens >= 0")
-        entries.append((int(num_new), int(num_cached), bool(samples)))
-    if not entries:
-        raise ValueError("shape=[]: a step needs at least one request")
-    total = sum(n + c for n, c, _ in entries)
+    entries = check_step_shape(shape)
     blocks = BlockManager(sum(blocks_for(n + c, block_size) for n, c, _ in entries), block_size)
     runner = ModelRunner(model, blocks, backend=backend)
-    vocab = model.cfg.vocab_size
-    tokens = torch.randint(0, vocab, (total,), generator=generator).tolist()
-    chunks, offset = [], 0
-    for i, (num_new, num_cached, samples) in enumerate(entries):
-        blocks.allocate(i, num_cached + num_new)
-        prompt = tokens[offset:offset + num_cached + num_new]
-        offset += num_cached + num_new
-        if num_cached:
-            _fill_random_kv(runner.kv_cache, blocks.slot_mapping(i, 0, num_cached), generator)
-        chunks.append(StepChunk(i, prompt[num_cached:], num_cached, sample=samples))
+    chunks = _random_requests(runner, entries, seed)
     return lambda: runner.execute(chunks)
 
 

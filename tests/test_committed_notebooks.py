@@ -24,7 +24,8 @@ def test_every_chapter_of_the_map_is_there():
     mapped = re.findall(r"^\| (\d+) \| `notebooks/(\d\d_\w+)\.ipynb`", (ROOT / "README.md").read_text(), re.M)
     assert [p.stem for p in CHAPTERS] == [stem for _, stem in mapped]
     assert [int(n) for n, _ in mapped] == [int(stem[:2]) for _, stem in mapped]
-    assert [int(n) for n, _ in mapped][:11] == list(range(11))
+    assert [int(n) for n, _ in mapped]== list(range(len(mapped)))
+    assert len(mapped) >= 13
     for chapter in CHAPTERS:
         assert (ROOT / "notebooks" / "src" / (chapter.stem + ".py")).exists(), chapter.name
 

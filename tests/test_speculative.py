@@ -627,3 +627,26 @@ def test_the_server_takes_vllm_s_speculative_config_flag(capsys):
                        '"prompt_lookup_max": 2}', "prompt_lookup_min=3 > prompt_lookup_max=2")):
         assert main(["--speculative-config", bad]) == 2
         assert says in capsys.readouterr().err
+
+
+# ---- with the batch-invariant mode (chapter 11): a verification is bit for bit a decode ----
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batch_invariant_speculation_gives_the_plain_decode_s_bits(dtype):
+    """A verification scores 1 + k rows where a plain decode scores one; in the default
+    engine those rows' floats depend on that (bfloat16 logprobs differ in every output
+    here), in the mode they cannot: tokens and every logprob are the same bits."""
+    model = minillm.build_model(SMALL, seed=3, dtype=dtype, device="cpu")
+    prompts, params = repetitive_prompts(1, 6), SamplingParams(max_tokens=24, ignore_eos=True, logprobs=2)
+
+    def outputs(speculative, batch_invariant):
+        engine = minillm.LLMEngine(model, SchedulerConfig(chunk_size=8, max_num_seqs=8), block_size=4,
+                                   speculative=speculative, batch_invariant=batch_invariant)
+        outs = engine.generate(prompts, params)
+        return [(o.output_token_ids, o.logprobs) for o in outs], acceptance_stats(engine.trace)
+
+    plain, _ = outputs(None, True)
+    speculated, stats = outputs(spec(4), True)
+    assert 0 < stats["accepted_tokens"] < stats["draft_tokens"], stats
+    assert speculated == plain
+    if dtype == torch.bfloat16:      # the test can fail: without the mode the bits move
+        assert outputs(spec(4), False)[0] != outputs(None, False)[0]

@@ -50,7 +50,7 @@ from ..scheduler import SchedulerConfig
 
 # What `python -m minillm bench WHICH` runs (the usage line of __main__.py lists them too).
 BENCH_COMMANDS = ("chunk-cost", "interference", "hf", "hf-real", "simulator", "memory", "lab", "capacity",
-                  "prefix-cache", "partial-prefills", "steps", "compile-probe", "spec", "all")
+                  "prefix-cache", "partial-prefills", "steps", "compile-probe", "spec", "invariant", "divergence", "all")
 
 
 def bench_chunk_cost(shape: str = "tiny", prompt_len: int = 2048, chunk_sizes=(256, 64),
@@ -628,6 +628,9 @@ def main(argv: list[str]) -> int:
         from . import bench_spec
         results["spec"] = bench_spec.report(rounds=args.spec_rounds)
         bench_spec.save(results["spec"], out / "bench_spec.json")
+    if args.which in ("invariant", "divergence"):     # chapter 11 (divergence: ~1 h, not in `all`)
+        from .bench_invariant import main as invariant_main
+        results[args.which] = invariant_main(args.which, out, args.rounds if args.rounds > 1 else 3)
     if args.which in ("memory", "all"):
         from .bench_memory import bench_memory, report
         results["memory"] = bench_memory(args.memory_requests, warmup_requests=args.memory_requests // 4)
