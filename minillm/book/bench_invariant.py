@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -133,8 +134,8 @@ def _timed(run) -> tuple[float, float, int]:
 
 
 def bench_invariant_cost(rounds: int = 3, num_chats: int = 32, max_tokens: int = 128,
-                         interference_shape: str = "tiny", prompt_len: int = 2048, num_decoders: int = 8,
-                         progress: bool = True) -> dict:
+                         interference_shapes=("tiny", "gqa2", "mha"), prompt_len: int = 2048,
+                         num_decoders: int = 8, progress: bool = True) -> dict:
     """Useful output tokens/s, default engine vs batch_invariant=True, one after the other
     in each round (a shared machine's load hits both sides of a ratio alike); the ratio
     per round, its median and range.
@@ -142,13 +143,15 @@ def bench_invariant_cost(rounds: int = 3, num_chats: int = 32, max_tokens: int =
     chats: SmolLM2-135M-Instruct, float32, the 32 chat requests, greedy, each stopping at
     its end-of-turn token or max_tokens, chunked prefill of 512 (as `bench hf-real`).
     interference: the articles' scenario (`bench interference`): num_decoders streams
-    decoding when a prompt_len-token prompt arrives, chunked 256.
+    decoding when a prompt_len-token prompt arrives, chunked 256, on each of the bench's
+    model shapes ("interference" is tiny's, "interference_gqa2" gqa2's...): a target met on
+    one preset only would not count.
     """
     from ..pretrained_models import pretrained
 
     smollm2, tok = pretrained("smollm2-135m-instruct", dtype=torch.float32)
     prompts = chat_prompts(tok, num_chats)
-    shape_model = bench_model(interference_shape)
+    shape_models = {shape: bench_model(shape) for shape in interference_shapes}
     workload = workloads.long_prompt_interference(prompt_len=prompt_len, num_decoders=num_decoders,
                                                   decoder_prompt_len=64, warmup_tokens=8,
                                                   decoder_output_len=40, long_output_len=8)
@@ -158,20 +161,24 @@ def bench_invariant_cost(rounds: int = 3, num_chats: int = 32, max_tokens: int =
                            batch_invariant=invariant)
         return lambda: engine.generate(prompts, SamplingParams(max_tokens=max_tokens))
 
-    def interference(invariant):
-        engine = LLMEngine(shape_model, SchedulerConfig(policy="chunked", chunk_size=256, max_num_seqs=64),
-                           batch_invariant=invariant)
-        return lambda: engine.run_workload(workload)
+    def interference(shape_model):
+        def make(invariant):
+            engine = LLMEngine(shape_model, SchedulerConfig(policy="chunked", chunk_size=256, max_num_seqs=64),
+                               batch_invariant=invariant)
+            return lambda: engine.run_workload(workload)
+        return make
 
-    cases = {"chats": chats, "interference": interference}
+    cases = {"chats": chats, **{interference_key(shape): interference(model) for shape, model in shape_models.items()}}
     for invariant in (False, True):                  # warm-up: kernels, allocator, first calls
-        for model, first in ((smollm2, prompts[0]), (shape_model, [1] * 64)):
+        for model, first in ((smollm2, prompts[0]), *((m, [1] * 64) for m in shape_models.values())):
             LLMEngine(model, batch_invariant=invariant).generate([first], SamplingParams(max_tokens=2))
     result = {"rounds": rounds, "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d"),
               "torch": torch.__version__, "cpu": cpu_name(), "chats": {"model": "smollm2-135m-instruct", "dtype": "float32",
                                                      "num_chats": num_chats, "max_tokens": max_tokens},
-              "interference": {"shape": interference_shape, "prompt_len": prompt_len,
-                               "num_decoders": num_decoders, "chunk_size": 256}}
+              "loadavg_before": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+              **{interference_key(shape): {"shape": shape, "prompt_len": prompt_len,
+                                           "num_decoders": num_decoders, "chunk_size": 256}
+                 for shape in interference_shapes}}
     for name, make in cases.items():
         rows = []
         for r in range(rounds):
@@ -194,12 +201,17 @@ def bench_invariant_cost(rounds: int = 3, num_chats: int = 32, max_tokens: int =
             result[name][key] = statistics.median(values)
             result[name][key + "_range"] = (min(values), max(values))
         result[name]["rounds"] = rows
+    result["loadavg_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     return result
+
+
+def interference_key(shape: str) -> str:
+    return "interference" if shape == "tiny" else f"interference_{shape}"
 
 
 def report(result: dict) -> str:
     lines = []
-    for name in ("chats", "interference"):
+    for name in [key for key in result if key == "chats" or key.startswith("interference")]:
         r = result[name]
         low, high = r["slowdown_range"]
         what = (f"SmolLM2-135M float32, {r['num_chats']} chats" if name == "chats" else
