@@ -122,6 +122,14 @@ def spec_span(data, sweep, workload):
     return [min(values), max(values)]
 
 
+INVARIANT = "data/ch11_invariant_cost.json"
+
+
+def invariant_slowdowns(data, *names):
+    """The median slowdown (default tok/s over batch_invariant's) of each workload."""
+    return [data[name]["slowdown"] for name in names]
+
+
 CH0, CH5, CH7, CH10 = ("notebooks/00_roadmap.ipynb", "notebooks/05_flops_and_io.ipynb",
                        "notebooks/07_the_lab.ipynb", "notebooks/10_serving_from_the_client.ipynb")
 LINEAR_PRINT = r"{gpu}: measured 4 x 512 = ({n}) ms vs 1 x 2048 = ({n}) ms \(x({n})\); cost model ({n}) vs ({n}) \(x({n})\)"
@@ -172,6 +180,14 @@ QUOTES = [
                          for r in rows if r["k"] > 0),
                      sum(r["num_texts"] for w in ("sweep", "sweep_one_at_a_time") for rows in d[w].values()
                          for r in rows if r["k"] > 0)]),
+    Quote("README.md", "useful tok/s x{1.14} slower on SmolLM2's 32 chats; the interference workload x{1.23} "
+          "(`tiny`), x{1.22} (`gqa2`), x{1.43} (`mha`)", INVARIANT, None, "data/ch11_invariant_cost.json",
+          lambda d: invariant_slowdowns(d, "chats", "interference", "interference_gqa2", "interference_mha")),
+    Quote("README.md", "load average {0.7}-{1.8}", INVARIANT, None, "data/ch11_invariant_cost.json",
+          lambda d: [float(d["loadavg_before"].split()[0]), float(d["loadavg_after"].split()[0])]),
+    Quote("docs/benchmarks.md", "load average {0.72} before and {1.75} after", INVARIANT, None,
+          "data/ch11_invariant_cost.json",
+          lambda d: [float(d["loadavg_before"].split()[0]), float(d["loadavg_after"].split()[0])]),
     # ---- docs/articles.md: where the articles go wrong -------------------------------------------
     Quote("docs/articles.md", "needs about {6}x longer for its FLOPs than for its bytes on an A100", CH0 + "#3",
           r"2048-token prefill: " + NUMBER + r" TFLOP -> (" + NUMBER + r") ms .* -> (" + NUMBER + r") ms",

@@ -479,8 +479,9 @@ assert all(d.num_differ == 0 for d in by_threads_mode[True])
 # Fixed tiles waste work: a step of 5 rows still runs 16-row GEMMs (32 in bfloat16), and a
 # chunk's rows read their keys one row at a time instead of in one fused kernel.
 # `python -m minillm bench invariant` measures useful output tokens per second of both
-# modes on SmolLM2's 32 chats and on the interference workload (chapter 6), alternating
-# the two in each round on one machine; its results are committed as
+# modes on SmolLM2's 32 chats and on the interference workload (chapter 6) with the three
+# bench model shapes, alternating the two in each round on one machine; its results are
+# committed as
 # `data/ch11_invariant_cost.json`:
 
 # %%
@@ -491,9 +492,11 @@ print(f"({cost['threads']} threads, {cost['rounds']} rounds, {cost['date']}, tor
 # %% [markdown]
 # For comparison, Thinking Machines report their batch-invariant vLLM about 2.1x slower
 # with their first kernels and 1.6x with their attention kernel (the blog); SGLang reports
-# 25-55% slower on an H200 (its blog, section 5). On a CPU the GEMMs are
-# most of a step and the mode pads only the last tile of each, so most of the price is the
-# padding of small steps.
+# 25-55% slower on an H200 (its blog, section 5). Here the price depends on the shape:
+# `mha`, with three times `tiny`'s KV per token (6 KV heads of 64 against 2 of 64), pays
+# the most, which points at the attention the mode computes row by row rather than at the
+# GEMMs' padding (which every shape pays alike). Splitting a step's time between them is a
+# job for `torch.profiler` on one step of each mode, on a quiet machine.
 #
 # ## 5. What vLLM and SGLang do, and what nobody promises
 #
