@@ -493,10 +493,10 @@ print(f"({cost['threads']} threads, {cost['rounds']} rounds, {cost['date']}, tor
 # For comparison, Thinking Machines report their batch-invariant vLLM about 2.1x slower
 # with their first kernels and 1.6x with their attention kernel (the blog); SGLang reports
 # 25-55% slower on an H200 (its blog, section 5). Here the price depends on the shape:
-# `mha`, with three times `tiny`'s KV per token (6 KV heads of 64 against 2 of 64), pays
-# the most, which points at the attention the mode computes row by row rather than at the
-# GEMMs' padding (which every shape pays alike). Splitting a step's time between them is a
-# job for `torch.profiler` on one step of each mode, on a quiet machine.
+# `mha` pays the most. Its layers are the narrowest (384 against `tiny`'s 512) and its 6
+# query heads share no KV heads, so attention, which the mode computes row by row, is a
+# larger share of its step; that is a hypothesis until a profile splits the step
+# (`torch.profiler` on one step of each mode, on a quiet machine).
 #
 # ## 5. What vLLM and SGLang do, and what nobody promises
 #
