@@ -440,7 +440,7 @@ def check_best_k(best_k, seed: int | None = None, *, num_cases: int = 60):
         for name, model in _step_models(rng):
             cases.append((alpha, name, model, rng.choice([4, 8, 16])))
     step = rng.uniform(0.005, 0.05)
-    cases.insert(0, (0.0, "the same time for every k", lambda k, t=step: t, rng.choice([4, 8])))  # every k ties
+    cases.append((0.0, "the same time for every k", lambda k, t=step: t, rng.choice([4, 8])))  # every k ties
     while len(cases) < num_cases:
         name, model = rng.choice(_step_models(rng))
         cases.append((round(rng.uniform(0.0, 1.0), 3), name, model, rng.randint(1, 16)))
