@@ -82,13 +82,20 @@ def mid_prompt_emits(logits, query_lens, drafts):
     return out
 
 
+def per_request(verify_one):
+    """A packed step walked request by request, each verified by `verify_one(rows, drafts)`."""
+    def walk(logits, query_lens, drafts):
+        out, start = [], 0
+        for n, d in zip(query_lens, drafts):
+            rows = logits[start:start + n]
+            start += n
+            out.append([] if d is None else verify_one(rows[n - 1 - len(d):], d))
+        return out
+    return walk
+
+
 def engine_per_request(logits, query_lens, drafts):  # the engine's own rule, called per request
-    out, start = [], 0
-    for n, d in zip(query_lens, drafts):
-        rows = logits[start:start + n]
-        start += n
-        out.append([] if d is None else verify_greedy(rows[n - 1 - len(d):], d))
-    return out
+    return per_request(verify_greedy)(logits, query_lens, drafts)
 
 
 def printed_code_on_the_whole_step(logits, query_lens, drafts):   # the chapter's function, pasted as is
@@ -322,14 +329,7 @@ def test_the_chapter_does_not_print_the_answers_to_tasks_1_and_4():
 def test_the_pasted_engine_rule_with_a_row_walk_passes_task_1_only_because_it_is_right():
     """The trial's paste route P1, kept to show the rule is the answer: with the chapter no longer
     printing it, writing it is the task."""
-    def walk(logits, query_lens, drafts):
-        out, at = [], 0
-        for n, d in zip(query_lens, drafts):
-            rows = logits[at:at + n]
-            at += n
-            out.append([] if d is None else pasted_verify_greedy(rows[n - 1 - len(d):], d))
-        return out
-    ex.check_verify_packed_step(walk, seed=3)
+    ex.check_verify_packed_step(per_request(pasted_verify_greedy), seed=3)
 
 
 def test_the_public_checkers_do_not_import_the_answers():
