@@ -252,6 +252,19 @@ def test_grade_command_exits_2_when_misused(tmp_path):
     assert grade.main(["--help"]) == 0
 
 
+def test_a_renamed_copy_is_matched_by_the_task_ids_its_cells_carry(tmp_path):
+    """A copy named without its chapter's number (`executed_11.ipynb`, `mine.ipynb`) is still graded:
+    its cells' nbgrader ids name the manifest's tasks. Costs no kernel: only the matching runs."""
+    manifest = grade.load_manifest()
+    for name in manifest["notebooks"]:
+        copy = tmp_path / f"my copy of {name[3:]}.ipynb"
+        copy.write_text((ROOT / "exercises" / f"{name}.ipynb").read_text())
+        assert grade.manifest_entry(copy, manifest)[0] == name
+    (tmp_path / "scratch.ipynb").write_text(nbformat.writes(nbformat.v4.new_notebook()))
+    with pytest.raises(ValueError, match="carry no task id"):
+        grade.manifest_entry(tmp_path / "scratch.ipynb", manifest)
+
+
 # ---------------------------------------------------------------------------
 # The notebooks' own conventions
 # ---------------------------------------------------------------------------

@@ -29,25 +29,28 @@ def first_variant_step(steps, batch, row):
     return None
 
 
-def streaming(merge_fn, count_pending=True):
-    """A streaming log-sum-exp with a given tile merge (the tests' own answer, and its slips)."""
+def streaming(merge_fn, count_pending=True, fold_on_report=False):
+    """A streaming log-sum-exp with a given tile merge, in the scores' dtype (the tests' own answer, and its slips)."""
     def lse_step(state, scores, tile):
-        pending, m, s = state if state is not None else (scores[:0], -math.inf, 0.0)
+        pending, m, s = state if state is not None else (scores[:0], scores.new_tensor(-math.inf),
+                                                           scores.new_tensor(0.0))
         pending = torch.cat([pending, scores])
         done = len(pending) // tile * tile
         for start in range(0, done, tile):
             m, s = merge_fn(m, s, pending[start:start + tile])
         pending = pending[done:]
         m_now, s_now = merge_fn(m, s, pending) if len(pending) and count_pending else (m, s)
-        return (pending, m, s), torch.tensor(m_now + math.log(s_now) if s_now > 0 else m_now)
+        if fold_on_report:                       # the slip: reporting folds the waiting scores into the state
+            pending, m, s = pending[:0], m_now, s_now
+        return (pending, m, s), (m_now + torch.log(s_now) if s_now > 0 else m_now)
     return lse_step
 
 
 def merge(m, s, tile_scores):
-    top = max(m, tile_scores.max().item())
+    top = torch.maximum(m, tile_scores.max())
     if top == -math.inf:
         return m, s
-    return top, s * math.exp(m - top) + torch.exp(tile_scores.double() - top).sum().item()
+    return top, s * torch.exp(m - top) + torch.exp(tile_scores - top).sum()
 
 
 lse_step = streaming(merge)
@@ -108,6 +111,9 @@ def test_keeps_bits_shortcuts_are_named():
     fails(ex.check_keeps_bits, lambda c, n, nb, t, inv, d: keeps_bits(c, n, nb, t, False, d),
           match="batch_invariant=True every row is computed alone")
     fails(ex.check_keeps_bits, lambda *case: 1, match="return True")
+    # chunk_size == prompt_len counted as chunked: the PUBLIC check names it (only a hidden case did)
+    fails(ex.check_keeps_bits, lambda c, n, nb, t, inv, d: inv or ((c or n + 1) > n and not nb and t == 1),
+          match=r"\(40, 40, 0, 1, False, 'float32'\) returned False: .*one whole prefill")
 
 
 def test_keeps_bits_may_not_run_the_engine():
@@ -140,6 +146,11 @@ def test_first_variant_step_shortcuts_are_named():
             x = y
         return None
 
+    def original_batch(steps, batch, row):
+        return next((i for i, step in enumerate(steps)
+                     if not torch.equal(step(batch)[row], step(batch[row:row + 1])[0])), None)
+
+    fails(ex.check_first_variant_step, original_batch, match="you fed every step the original batch")
     fails(ex.check_first_variant_step, close_enough, match="compare bits")
     fails(ex.check_first_variant_step, any_row, match="changes row 0, not row")
     fails(ex.check_first_variant_step, lambda s, b, r: None if first_variant_step(s, b, r) is None
@@ -159,12 +170,40 @@ def test_streaming_logsumexp_shortcuts_are_named():
         return kept, torch.logsumexp(kept, 0)
 
     def no_rescale(m, s, tile_scores):
-        top = max(m, tile_scores.max().item())
-        return (m, s) if top == -math.inf else (top, s + torch.exp(tile_scores.double() - top).sum().item())
+        top = torch.maximum(m, tile_scores.max())
+        return (m, s) if top == -math.inf else (top, s + torch.exp(tile_scores - top).sum())
 
     def unguarded(m, s, tile_scores):
-        top = max(m, tile_scores.max().item())
-        return top, s * math.exp(m - top) + torch.exp(tile_scores.double() - top).sum().item()
+        top = torch.maximum(m, tile_scores.max())
+        return top, s * torch.exp(m - top) + torch.exp(tile_scores - top).sum()
+
+    def fold_each_piece(state, scores, tile):     # online softmax over the pieces as they come
+        m, s = state if state is not None else (scores.new_tensor(-math.inf), scores.new_tensor(0.0))
+        return (m, s) if torch.maximum(m, scores.max()) == -math.inf else merge(m, s, scores), None
+
+    def folded(state, scores, tile):
+        state, _ = fold_each_piece(state, scores, tile)
+        return state, state[0] + torch.log(state[1])
+
+    def float64_running_value(state, scores, tile):   # the trial's shortcut: passed 100/100 seeds before
+        total = torch.tensor(-math.inf, dtype=torch.float64) if state is None else state
+        total = torch.logaddexp(total, torch.logsumexp(scores.double(), 0))
+        return total, total.to(scores.dtype)
+
+    def default_float32_state(state, scores, tile):
+        return lse_step(state if state is not None else (scores[:0], torch.tensor(-math.inf), torch.tensor(0.0)),
+                        scores, tile)
+
+    def float64_value(state, scores, tile):
+        state, value = lse_step(state, scores, tile)
+        return state, value.double()
+
+    fails(ex.check_streaming_logsumexp, float64_running_value, match="keeps numbers as float64. A wider type")
+    fails(ex.check_streaming_logsumexp, default_float32_state, match="float64 scores: your state keeps float32")
+    fails(ex.check_streaming_logsumexp, float64_value, match="you returned the log-sum-exp as float64")
+    fails(ex.check_streaming_logsumexp, folded, match="a partial tile must wait in the state")
+    fails(ex.check_streaming_logsumexp, streaming(merge, fold_on_report=True),
+          match="reporting the value folded them into the running values")
 
     fails(ex.check_streaming_logsumexp, at_chunk_boundaries, match="the bits depend on where the pieces start")
     fails(ex.check_streaming_logsumexp, keep_everything, match="keeping every score")
@@ -199,9 +238,17 @@ def test_ulp_distance_shortcuts_are_named():
             return torch.where(raw < 0, -(raw & (2 ** 31 - 1)), raw)
         return (ordered(a) - ordered(b)).abs()
 
+    def minus_zero_at_minus_one(a, b):
+        as_int = {torch.float32: torch.int32, torch.bfloat16: torch.int16}[a.dtype]
+        def ordered(x):
+            raw = x.view(as_int).long()
+            return torch.where(raw < 0, ~(raw & (2 ** (8 * x.element_size() - 1) - 1)), raw)
+        return (ordered(a) - ordered(b)).abs()
+
+    fails(ex.check_ulp_distance, minus_zero_at_minus_one, match="-0 must map to the same integer as \\+0")
     fails(ex.check_ulp_distance, raw_bits, match="opposite signs")
     fails(ex.check_ulp_distance, int32_result, match="return torch.int64")
-    fails(ex.check_ulp_distance, two_zeros, match="opposite signs|\\+0 and -0")
+    fails(ex.check_ulp_distance, two_zeros, match="-0 must map to the same integer as \\+0|\\+0 and -0")
     fails(ex.check_ulp_distance, always_int32, match="bfloat16 is 16 bits")
     fails(ex.check_ulp_distance, book_ulps, match="you handed in minillm.book.bits.ulp_distance")
 

@@ -82,13 +82,20 @@ def mid_prompt_emits(logits, query_lens, drafts):
     return out
 
 
+def per_request(verify_one):
+    """A packed step walked request by request, each verified by `verify_one(rows, drafts)`."""
+    def walk(logits, query_lens, drafts):
+        out, start = [], 0
+        for n, d in zip(query_lens, drafts):
+            rows = logits[start:start + n]
+            start += n
+            out.append([] if d is None else verify_one(rows[n - 1 - len(d):], d))
+        return out
+    return walk
+
+
 def engine_per_request(logits, query_lens, drafts):  # the engine's own rule, called per request
-    out, start = [], 0
-    for n, d in zip(query_lens, drafts):
-        rows = logits[start:start + n]
-        start += n
-        out.append([] if d is None else verify_greedy(rows[n - 1 - len(d):], d))
-    return out
+    return per_request(verify_greedy)(logits, query_lens, drafts)
 
 
 def printed_code_on_the_whole_step(logits, query_lens, drafts):   # the chapter's function, pasted as is
@@ -199,6 +206,39 @@ def best_k_without_bonus(alpha, step_time_s, max_k):
     return max(range(max_k + 1), key=lambda k: (rates[k], -k))
 
 
+def best_k_largest_on_a_tie(alpha, step_time_s, max_k):
+    rates = [sum(alpha ** i for i in range(k + 1)) / step_time_s(k) for k in range(max_k + 1)]
+    return max(range(max_k + 1), key=lambda k: (rates[k], k))
+
+
+def best_k_k_terms(alpha, step_time_s, max_k):       # (1 - a^k) / (1 - a): E(0) = 0
+    rates = [(1 - alpha ** k) / (1 - alpha) if alpha < 1 else k for k in range(max_k + 1)]
+    return max(range(max_k + 1), key=lambda k: (rates[k] / step_time_s(k), -k))
+
+
+def best_k_closed_form(alpha, step_time_s, max_k):   # the closed form, unguarded at alpha = 1
+    return max(range(max_k + 1), key=lambda k: ((1 - alpha ** (k + 1)) / (1 - alpha) / step_time_s(k), -k))
+
+
+def sampler_on_the_global_generator(probs, drafts, generator):
+    return ref.speculative_sample(probs, drafts, torch.Generator().manual_seed(int(torch.randint(2**31, ()))))
+
+
+def plan_all_or_nothing(stream_drafts, prompt_left, token_budget, chunk_size):
+    free, drafts = token_budget - len(stream_drafts), []
+    for proposed in stream_drafts:
+        drafts.append(proposed if proposed <= free else 0)
+        free -= drafts[-1]
+    return drafts, min(chunk_size, prompt_left, free)
+
+
+def plan_even_shares(stream_drafts, prompt_left, token_budget, chunk_size):
+    free = token_budget - len(stream_drafts)
+    drafts = list(stream_drafts) if sum(stream_drafts) <= free else \
+        [min(p, free // len(stream_drafts)) for p in stream_drafts]
+    return drafts, min(chunk_size, prompt_left, free - sum(drafts))
+
+
 def best_k_ignoring_time(alpha, step_time_s, max_k):
     return max_k
 
@@ -242,6 +282,12 @@ SHORTCUTS = [   # (checker, attempt, what the first line of the message must say
     ("check_best_k", best_k_ignoring_time, "divide the tokens by the step's time"),
     ("check_best_k", best_k_with_the_engine_formula, "the engine's own answer"),
     ("check_plan_step", plan_with_the_engine_scheduler, "the engine's own answer"),
+    ("check_plan_step", plan_all_or_nothing, "whose drafts do not all fit got none"),
+    ("check_plan_step", plan_even_shares, "shared the drafts evenly"),
+    ("check_best_k", best_k_largest_on_a_tie, "a tie: return the smallest"),
+    ("check_best_k", best_k_k_terms, "(k = 0) still emits 1 token"),
+    ("check_best_k", best_k_closed_form, "at alpha = 1 the closed form"),
+    ("check_speculative_sample", sampler_on_the_global_generator, "draw every random number from `generator`"),
 ]
 
 
@@ -261,16 +307,29 @@ def test_a_usual_mistake_fails_with_its_name(checker, fn, says):
     assert failure.value._render_traceback_()[0] == "Not yet: " + first_line
 
 
-def test_pasting_the_chapter_s_sampler_passes_only_its_own_task():
-    """The chapter prints speculative.rejection_sample: pasted, it passes task 4 (2 of the
-    notebook's 10 points, the 20% the exercise bar allows) and nothing else."""
+def test_the_chapter_does_not_print_the_answers_to_tasks_1_and_4():
+    """Pasting the engine's verify_greedy (+ a row walk) passed task 1 and its rejection_sample
+    passed task 4, about half the notebook: chapter 12 now prints verify_greedy's contract and
+    the sampler up to its acceptance probability. No line of their bodies past that is in the
+    executed chapter (sources or outputs)."""
     import inspect
-    namespace = {"torch": torch}
-    exec(inspect.getsource(rejection_sample), namespace)      # what show_source printed, pasted in a cell
-    pasted = namespace["rejection_sample"]
-    ex.check_speculative_sample(pasted, seed=3)
-    with pytest.raises(ExerciseFailed):
-        ex.check_verify_packed_step(pasted, seed=3)
+    import json
+    from pathlib import Path
+    chapter = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "12_speculative_decoding.ipynb")
+                         .read_text())
+    shown = json.dumps(chapter["cells"])
+    body = lambda fn, after: [line.strip() for line in inspect.getsource(fn).split(after, 1)[1].splitlines()[1:]
+                              if line.strip() and not line.strip().startswith("#")]
+    for line in body(verify_greedy, "(the bonus token)") + body(rejection_sample, "accept_probability = min("):
+        if len(line) > 12:
+            assert json.dumps(line)[1:-1] not in shown, line
+    assert "def verify_greedy" in shown and "accept_probability = min(" in shown   # what it still prints
+
+
+def test_the_pasted_engine_rule_with_a_row_walk_passes_task_1_only_because_it_is_right():
+    """The trial's paste route P1, kept to show the rule is the answer: with the chapter no longer
+    printing it, writing it is the task."""
+    ex.check_verify_packed_step(per_request(pasted_verify_greedy), seed=3)
 
 
 def test_the_public_checkers_do_not_import_the_answers():

@@ -174,6 +174,34 @@ def engine_plan(stream_drafts, prompt_left, token_budget, chunk_size):
 # ---------------------------------------------------------------------------
 # 2. Plan a step: drafts and a chunk in one budget
 # ---------------------------------------------------------------------------
+def _all_or_nothing(stream_drafts, free):
+    """Drafts in stream order, but a stream's drafts only when all of them fit (a usual slip)."""
+    out = []
+    for proposed in stream_drafts:
+        out.append(proposed if proposed <= free else 0)
+        free -= out[-1]
+    return out
+
+
+def _even_shares(stream_drafts, free):
+    """Drafts shared evenly among the streams when they do not all fit (a usual slip)."""
+    if sum(stream_drafts) <= free:
+        return list(stream_drafts)
+    return [min(proposed, free // len(stream_drafts)) for proposed in stream_drafts]
+
+
+def _chunk_first(stream_drafts, prompt_left, budget, chunk_size):
+    """The plan under chunk_first: the streams' tokens, the chunk, then the drafts in order."""
+    free = budget - len(stream_drafts)
+    chunk = max(0, min(chunk_size, prompt_left, free))
+    free -= chunk
+    drafts = []
+    for proposed in stream_drafts:
+        drafts.append(max(0, min(proposed, free)))
+        free -= drafts[-1]
+    return drafts, chunk
+
+
 @checker
 def check_plan_step(plan_step, seed: int | None = None, *, num_cases: int = 150):
     """plan_step(stream_drafts, prompt_left, token_budget, chunk_size) -> (drafts per stream, chunk)."""
@@ -204,7 +232,16 @@ def check_plan_step(plan_step, seed: int | None = None, *, num_cases: int = 150)
             _fail(f"{call} returned {got}, expected {expected}: with the streams' own tokens that is {used} tokens, "
                   f"over token_budget={budget}: every stream keeps its own token before any draft is scheduled, "
                   f"so the drafts share token_budget - {n} streams")
-        if isinstance(chunk, int) and chunk > expected[1] and drafts != expected[0]:
+        free = budget - n
+        if drafts == _all_or_nothing(stream_drafts, free) != expected[0]:
+            _fail(f"{call} returned {got}, expected {expected}: a stream whose drafts do not all fit got none of "
+                  "them; the engine trims a stream's drafts to what the budget has left (it schedules part of them), "
+                  "stream after stream")
+        if drafts == _even_shares(stream_drafts, free) != expected[0]:
+            _fail(f"{call} returned {got}, expected {expected}: you shared the drafts evenly among the streams; "
+                  "the engine takes them stream after stream, in order, each trimmed to what is left, so the last "
+                  "streams lose theirs first")
+        if (drafts, chunk) == _chunk_first(stream_drafts, prompt_left, budget, chunk_size):
             _fail(f"{call} returned {got}, expected {expected}: that is the chunk-first rule; in vLLM V1 the "
                   "running requests come first, drafts included, and the chunk gets what they leave")
         if sum(drafts) > sum(expected[0]):
@@ -297,6 +334,21 @@ def _tv(samples: list[int], p: torch.Tensor) -> float:
 NUM_SAMPLES, SAMPLE_TOLERANCE = 3000, 0.06
 
 
+def _same_seed_same_tokens(fn, probs, drafts, seed: int, draws: int = 30) -> bool:
+    """Does one generator seed replay the same tokens whatever the global generators' states?"""
+    runs, python_state = [], random.getstate()
+    try:
+        for global_seed in (1, 2):
+            generator = torch.Generator().manual_seed(seed)
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(global_seed)
+                random.seed(global_seed)
+                runs.append([[int(t) for t in fn(probs.clone(), list(drafts), generator)] for _ in range(draws)])
+    finally:
+        random.setstate(python_state)
+    return runs[0] == runs[1]
+
+
 @checker
 def check_speculative_sample(speculative_sample, seed: int | None = None, *, num_cases: int = 4):
     """speculative_sample(probs, drafts, generator) -> emitted tokens; their distribution is checked:
@@ -324,6 +376,10 @@ def check_speculative_sample(speculative_sample, seed: int | None = None, *, num
                     raise
                 except Exception as exc:      # noqa: BLE001 (any crash of the learner's code is reported)
                     crashed(speculative_sample, args, {}, exc)
+            if case == 0 and not _same_seed_same_tokens(speculative_sample, probs, drafts, rng.randrange(2**31)):
+                _fail(f"{call}: two generators seeded alike gave different tokens (torch's and Python's global "
+                      "generators seeded differently): draw every random number from `generator` "
+                      "(torch.rand(..., generator=generator)), so one seed replays a run")
         for out in outputs:
             if not isinstance(out, (list, tuple)) or not 1 <= len(out) <= k + 1:
                 _fail(f"{call} returned {show(out)}: emit between 1 and k + 1 = {k + 1} tokens")
@@ -368,6 +424,13 @@ def _step_models(rng: random.Random):
             ("quadratic", lambda k, b=base, c=per_token: b + c * k * k)]
 
 
+def _best_k_crash(exc):
+    if isinstance(exc, ZeroDivisionError):
+        return ("at alpha = 1 the closed form (1 - alpha^(k+1)) / (1 - alpha) divides by zero: every draft is then "
+                "accepted and a verification emits k + 1 tokens (take the limit, or sum the terms)")
+    return None
+
+
 @checker
 def check_best_k(best_k, seed: int | None = None, *, num_cases: int = 60):
     """best_k(alpha, step_time_s, max_k) -> the k maximising expected tokens per second."""
@@ -376,6 +439,8 @@ def check_best_k(best_k, seed: int | None = None, *, num_cases: int = 60):
     for alpha in (0.0, 0.3, 0.6, 0.8, 0.9, 0.97, 1.0):
         for name, model in _step_models(rng):
             cases.append((alpha, name, model, rng.choice([4, 8, 16])))
+    step = rng.uniform(0.005, 0.05)
+    cases.append((0.0, "the same time for every k", lambda k, t=step: t, rng.choice([4, 8])))  # every k ties
     while len(cases) < num_cases:
         name, model = rng.choice(_step_models(rng))
         cases.append((round(rng.uniform(0.0, 1.0), 3), name, model, rng.randint(1, 16)))
@@ -383,7 +448,7 @@ def check_best_k(best_k, seed: int | None = None, *, num_cases: int = 60):
         rates = [expected_tokens_per_verification(alpha, k) / step_time_s(k) for k in range(max_k + 1)]
         best = max(rates)
         expected = min(k for k, r in enumerate(rates) if r >= best * (1 - 1e-12))
-        got = learner_call(best_k, alpha, step_time_s, max_k, forbidden=_FORMULA,
+        got = learner_call(best_k, alpha, step_time_s, max_k, forbidden=_FORMULA, explain=_best_k_crash,
                            why="write the expected tokens per verification yourself.")
         call = f"{function_name(best_k)}(alpha={alpha}, step_time_s=<{name}>, max_k={max_k})"
         if got == expected:
@@ -391,13 +456,18 @@ def check_best_k(best_k, seed: int | None = None, *, num_cases: int = 60):
         if not isinstance(got, int) or isinstance(got, bool) or not 0 <= got <= max_k:
             _fail(f"{call} returned {show(got)}: return an int k in [0, {max_k}]")
         no_bonus = [(expected_tokens_per_verification(alpha, k) - 1) / step_time_s(k) for k in range(max_k + 1)]
+        one_short = [(expected_tokens_per_verification(alpha, k) - alpha ** k) / step_time_s(k)
+                     for k in range(max_k + 1)]                    # (1 - alpha^k) / (1 - alpha): k terms, not k + 1
         if got == max(range(max_k + 1), key=lambda k: (no_bonus[k], -k)):
             why = ("forgetting the bonus token: a verification emits 1 + accepted tokens, "
                    "1 + alpha + ... + alpha^k on average")
-        elif got == max_k:
-            why = "more drafts cost a longer step: divide the tokens by the step's time"
+        elif got == max(range(max_k + 1), key=lambda k: (one_short[k], -k)):
+            why = ("a verification with no drafts (k = 0) still emits 1 token, the target's own: the expected "
+                   "tokens are 1 + alpha + ... + alpha^k, k + 1 terms ((1 - alpha^k) / (1 - alpha) has k)")
         elif math.isclose(rates[got], best, rel_tol=1e-9):
             why = "a tie: return the smallest of the best k"
+        elif got == max_k:
+            why = "more drafts cost a longer step: divide the tokens by the step's time"
         else:
             why = "compare the expected tokens per second of every k from 0 to max_k"
         _fail(f"{call} returned {got}, expected {expected} ({rates[got]:.1f} against {best:.1f} tokens/s): {why}")

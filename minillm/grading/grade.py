@@ -7,7 +7,7 @@
 What a notebook must hold comes from exercises/manifest.json (written by tools/nb.py from
 the solution sources): its tasks, the function(s) each task's check takes, the checker,
 the points. A notebook is matched to its entry by its name (`01_causal_attention.ipynb`,
-or any name starting `01_`). In one kernel the grader runs its own set-up cell, then the
+or any name starting `01_`, else by the nbgrader task ids its cells carry, `ex01_*`). In one kernel the grader runs its own set-up cell, then the
 learner's cells (their check calls left out), then, for each task, the public checker and
 the hidden cases (minillm/grading/_hidden/, teacher only) on the function the learner
 defined: never the learner's check cells or their `ex`. A task whose function is missing
@@ -101,15 +101,30 @@ def load_manifest(path: Path = MANIFEST) -> dict:
 
 
 def manifest_entry(path: Path, manifest: dict) -> tuple[str, dict]:
-    """The notebook's entry: by its name, else by its number (`01_causal_attention (1).ipynb`)."""
+    """The notebook's entry: by its name, else by its number (`01_causal_attention (1).ipynb`),
+    else by the nbgrader ids its cells carry (`ex01_check_causal_mask`: a copy renamed `mine.ipynb`)."""
     notebooks = manifest["notebooks"]
     if path.stem in notebooks:
         return path.stem, notebooks[path.stem]
     number = re.match(r"(\d\d)_", path.name)
     matches = [name for name in notebooks if number and name.startswith(number.group(0))]
+    if not matches:
+        ids = _grade_ids(path)
+        matches = [name for name, entry in notebooks.items() if ids & {task["id"] for task in entry["tasks"]}]
     if len(matches) == 1:
         return matches[0], notebooks[matches[0]]
-    raise ValueError(f"{path}: no exercise of that name in the manifest (known: {', '.join(notebooks)})")
+    raise ValueError(f"{path}: no exercise of that name in the manifest, and its cells carry no task id of one "
+                     f"(known: {', '.join(notebooks)})")
+
+
+def _grade_ids(path: Path) -> set[str]:
+    """The nbgrader grade_ids of a notebook's cells (none when it cannot be read)."""
+    try:
+        cells = json.loads(Path(path).read_text()).get("cells", [])
+    except (OSError, ValueError, AttributeError):
+        return set()
+    return {str(cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")) for cell in cells
+            if isinstance(cell, dict) and isinstance(cell.get("metadata"), dict)} - {"None"}
 
 
 # ---------------------------------------------------------------------------

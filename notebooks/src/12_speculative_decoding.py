@@ -115,9 +115,13 @@ assert " ".join(names[t] for t in draft) == "sat on the mat"
 # wrong input. If all k agree, row k gives one more token, the **bonus**. A verification
 # therefore emits 1 + accepted tokens, never fewer than one, and the text is the one
 # greedy decoding writes token by token.
+#
+# The engine's `speculative.verify_greedy(logits, draft_token_ids)` applies this rule to one
+# request. Its contract is below; its body is the rule just stated, which exercise 12.1 asks
+# you to write (for a whole packed step).
 
 # %%
-show_source(speculative.verify_greedy)
+show_source(speculative.verify_greedy, "def verify_greedy", "(the bonus token)")
 
 # %% [markdown]
 # **Sampling** (temperature > 0). Leviathan et al.'s rule keeps the *distribution*: accept
@@ -126,10 +130,12 @@ show_source(speculative.verify_greedy)
 # Prompt lookup's draft is a point mass, q(d) = 1, so the rule reduces to: **accept with
 # probability p(d); otherwise sample from p with d removed.** That is exactly the law of
 # "sample from p and keep the sample": the draft comes out with probability p(d), any
-# other token x with probability (1 - p(d)) p(x) / (1 - p(d)) = p(x).
+# other token x with probability (1 - p(d)) p(x) / (1 - p(d)) = p(x). The engine's sampler,
+# up to the acceptance probability (the draw, the residual and the bonus token are
+# exercise 12.4):
 
 # %%
-show_source(speculative.rejection_sample)
+show_source(speculative.rejection_sample, "def rejection_sample", "accept_probability = min(")
 
 # %%
 p = torch.tensor([[0.05, 0.50, 0.10, 0.20, 0.15, 0.00],      # row 0: the target at the first draft

@@ -28,7 +28,9 @@ import minillm.grading as ex
 # False when nothing guarantees it. Decide from what each run computes, without running
 # the model (the checker switches the engine off while your function runs, then measures
 # every configuration itself and shows you what it saw). A run that happens to keep its
-# bits on this machine is not guaranteed to.
+# bits on this machine is not guaranteed to. "Guaranteed" here means on one machine with
+# one torch version (chapter 11, section 5): another CPU, GPU or library version may compute
+# even the reference differently.
 #
 # <details><summary>Hint</summary>
 #
@@ -90,12 +92,15 @@ ex.check_first_variant_step(first_variant_step)  # points: 3
 #
 # A chunked prefill sees a row's scores in pieces, one step at a time. Write a log-sum-exp
 # that takes them that way: `lse_step(state, scores, tile)` receives the next piece (a 1-D
-# float32 tensor, any length; `state` is None before the first) and returns
+# tensor of float32 or float64, any length; `state` is None before the first) and returns
 # `(state, value)`: the new state and the log-sum-exp of every score seen so far, as a
 # one-element tensor. At any position, the value must be bit-identical however the scores
-# before it were cut into pieces, and within 1e-5 of the float64 log-sum-exp. The state
-# may hold at most `tile + 8` numbers (you cannot keep every score). Some scores are `-inf`
-# (masked keys), a whole tile of them included, never all.
+# before it were cut into pieces, and within 1e-5 of the log-sum-exp computed in float64
+# (absolute while |log-sum-exp| <= 1, relative above). Compute in the scores' dtype: the
+# value and every float the state keeps are tensors of that dtype (a wider type would only
+# hide a moving order; float64 scores have none). The state may hold at most `tile + 8`
+# numbers (you cannot keep every score). Some scores are `-inf` (masked keys), a whole
+# tile of them included, never all.
 #
 # <details><summary>Hint</summary>
 #
@@ -117,7 +122,7 @@ def lse_step(state, scores, tile):
         return m_new, s * torch.exp(m - m_new) + torch.exp(tile_scores - m_new).sum()
 
     if state is None:
-        state = (scores[:0], torch.tensor(-math.inf), torch.tensor(0.0))
+        state = (scores[:0], scores.new_tensor(-math.inf), scores.new_tensor(0.0))
     pending, m, s = state
     pending = torch.cat([pending, scores])
     while len(pending) >= tile:

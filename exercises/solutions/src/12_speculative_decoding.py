@@ -31,7 +31,8 @@ import minillm.grading as ex
 #
 # Return, per request, the tokens greedy speculative decoding emits. The engine runs
 # this rule one request at a time on the rows it asked for; here you find each request's
-# rows yourself. You may not call the engine's verification.
+# rows yourself. You may not call the engine's verification (chapter 12 shows only its
+# contract).
 #
 # <details><summary>Hint</summary>
 #
@@ -80,8 +81,9 @@ ex.check_verify_packed_step(verify_packed_step)  # points: 3
 # * then the prompt's chunk: at most `chunk_size`, at most what is left of the prompt and
 #   of the budget.
 #
-# Return `(drafts, chunk)`: a list with the number of drafts scheduled for each stream,
-# and the chunk's tokens. Work it out from the rules; the checker runs the engine's
+# `token_budget` is always more than the number of streams (the engine refuses a budget
+# below its running requests). Return `(drafts, chunk)`: a list with the number of drafts
+# scheduled for each stream, and the chunk's tokens. Work it out from the rules; the checker runs the engine's
 # scheduler on the same state.
 #
 # <details><summary>Hint</summary>
@@ -153,8 +155,10 @@ print(f"8 streams at k = 4, budget 256: the 2048-token prompt takes {long_prompt
 # position of draft `i` (row `k`: after the last draft); `drafts` are the k proposed
 # tokens, each a point mass (prompt lookup proposes one token, with certainty). Return the
 # emitted tokens, drawing every random number from `generator` (`torch.rand(...,
-# generator=generator)`, `torch.multinomial(..., generator=generator)`). The checker draws
-# thousands of times and compares the distributions of your tokens with `probs`.
+# generator=generator)`, `torch.multinomial(..., generator=generator)`), so that one seed
+# replays a run. The checker draws thousands of times and compares the distributions of
+# your tokens with `probs`; it also replays one seed. (Chapter 12 prints the engine's
+# sampler only up to its acceptance probability.)
 #
 # <details><summary>Hint</summary>
 #

@@ -29,7 +29,7 @@ def lse_step(state, scores, tile):
     """Streaming log-sum-exp over tiles at absolute positions: state = (pending scores, m, s);
     returns the new state and the log-sum-exp of every score so far."""
     if state is None:
-        state = (scores[:0], torch.tensor(-math.inf), torch.tensor(0.0))
+        state = (scores[:0], scores.new_tensor(-math.inf), scores.new_tensor(0.0))
     pending, m, s = state
     pending = torch.cat([pending, scores])
     while len(pending) >= tile:
