@@ -75,7 +75,9 @@ class _PiecewiseLayer(nn.Module):
         x = x + attn.o_proj(attention_out.reshape(x.shape[0], attn.cfg.q_size))
         return x + self.layer.mlp(self.layer.post_attention_layernorm(x))
 
-    def forward(self, x, cos, sin, batch, k_cache, v_cache, backend, prefixes=None):
+    def forward(self, x, cos, sin, batch, k_cache, v_cache, backend, prefixes=None, batch_invariant=False):
+        if batch_invariant:     # the compiled pieces run torch's own linear layers, not the mode's tiles
+            raise ValueError("batch_invariant=True: the compile probe measures the default step only")
         q, k, v = self.before(x, cos, sin)
         out = paged_attention(q, k, v, k_cache, v_cache, batch, backend, prefixes)   # eager
         return self.after(x, out)
