@@ -493,10 +493,10 @@ print(f"({cost['threads']} threads, {cost['rounds']} rounds, {cost['date']}, tor
 # For comparison, Thinking Machines report their batch-invariant vLLM about 2.1x slower
 # with their first kernels and 1.6x with their attention kernel (the blog); SGLang reports
 # 25-55% slower on an H200 (its blog, section 5). Here the price depends on the shape:
-# `mha` pays the most. Its layers are the narrowest (384 against `tiny`'s 512) and its 6
-# query heads share no KV heads, so attention, which the mode computes row by row, is a
-# larger share of its step; that is a hypothesis until a profile splits the step
-# (`torch.profiler` on one step of each mode, on a quiet machine).
+# `mha` pays the most, and a split of its step (docs/benchmarks.md, section 15) puts most of
+# that in the linear layers: its down projection loses more to 16-row tiles than any layer
+# of the other shapes. Which kernel a GEMM library picks for a shape is chapter 5's lesson
+# again.
 #
 # ## 5. What vLLM and SGLang do, and what nobody promises
 #
