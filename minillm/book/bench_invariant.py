@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
 import os
 import statistics
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from .. import kernels
 from ..engine import LLMEngine
 from ..request import SamplingParams
 from ..scheduler import SchedulerConfig
@@ -54,6 +56,21 @@ def cpu_name() -> str:
     except OSError:
         import platform
         return platform.processor()
+
+
+def cpu_identity() -> dict:
+    """What decides this CPU's float kernels: its model name (on a VM often just "AMD
+    EPYC", every generation alike), torch's vector level (DEFAULT, AVX2, AVX512...) and a
+    hash of the instruction flags; plus whether the compiled paged kernel is built (without
+    it decodes and the mode's attention take other code paths, with other bits)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        flags = ""
+    return {"cpu": cpu_name(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu_flags_sha256": hashlib.sha256(flags.encode()).hexdigest()[:12],
+            "paged_kernel": kernels.paged_decode_available()}
 
 
 def chat_prompts(tokenizer, num_chats: int = 32) -> list[list[int]]:
@@ -96,7 +113,7 @@ def bench_divergence(num_chats: int = 32, max_tokens: int = 128, lone: int = 8,
 
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, logprobs=0)
     result = {"model": "smollm2-135m-instruct", "num_chats": num_chats, "max_tokens": max_tokens,
-              "lone_chats": lone, "ignore_eos": True, "torch": torch.__version__, "cpu": cpu_name(),
+              "lone_chats": lone, "ignore_eos": True, "torch": torch.__version__, **cpu_identity(),
               "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d"), "runs": []}
     for dtype in dtypes:
         model, tok = pretrained("smollm2-135m-instruct", dtype=dtype)
