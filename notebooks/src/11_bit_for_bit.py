@@ -13,11 +13,13 @@
 # the bits go, and how do we get every one of them back?
 #
 # **The answer**, measured here on this machine: (1) the default engine changes the bits
-# of a prompt's KV and logits with the chunk size, with the neighbours in its steps and
-# with the thread count, and in bfloat16 that changes most greedy texts; (2) the sources
-# can be found one at a time: the GEMM's row count, the thread split, the log-sum-exp merge
-# at a chunk's boundary, bfloat16 rounding of a partial result, the decode kernel, a vector's
-# tail; RMSNorm and the sampler add nothing; (3) `batch_invariant=True` computes every row
+# of a prompt's KV and logits with the chunk size and the thread count, and a decode's bits
+# with the neighbours in its step (on this CPU a whole prompt's bits survive its
+# neighbours); in bfloat16 that changes most greedy texts; (2) the main sources can be shown
+# one at a time: the GEMM's row count, the thread split, the log-sum-exp merge at a chunk's
+# boundary, bfloat16 rounding of a partial result, the decode kernel, a vector's tail (one
+# more, the prompt's total length, is measured but not yet isolated); RMSNorm and the
+# sampler add nothing; (3) `batch_invariant=True` computes every row
 # so that nothing about its step can reach it, and then every bit matches.
 #
 # By the end you will have
@@ -94,11 +96,13 @@ print(f"({time.perf_counter() - t0:.0f} s)")
 
 # %% [markdown]
 # Every chunk size changes part of the KV and of the logits (the smaller the chunks, the
-# larger the part), most elements by a few ulps: that is chapter 4's rounding, now counted. A whole prompt with neighbours, on this CPU, keeps
-# its bits: its rows are only ever batched with others in GEMMs of 4 rows or more, which
-# this CPU's library computes alike (section 2.1 shows where that stops), and its attention
-# is its own. The neighbours' own decodes are another story (section 2.5 and the study
-# below).
+# larger the part), most elements by a few ulps: that is chapter 4's rounding, now counted.
+# A whole prompt with neighbours, on this CPU and at this thread count, keeps its bits: its
+# rows go through GEMMs of hundreds of rows either way (260 alone, 328 with the
+# neighbours), which this CPU's library computes alike for the rows they share (small row
+# counts are another matter: at 1 thread from 4 rows up they match, section 2.1; at 2
+# threads an odd small count does not, section 2.2), and its attention is its own. The
+# neighbours' own decodes are another story (section 2.5 and the study below).
 
 # %% slideshow={"slide_type": "skip"}
 for key, rows in default_bits.items():
@@ -149,11 +153,12 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# In bfloat16 almost every text parts somewhere in its 128 tokens, at any point, and the
-# same chat served alone parts from the same chat served among 31 others: neighbours
-# change a decode's bits even where they leave a prompt's alone. In float32 no text parts
-# here, but most logprobs of the very same tokens differ in their last bits (the table's
-# second column): the differences are there, only below float32's near-ties. With
+# In bfloat16 most texts part somewhere in their 128 tokens, at any point (the range is
+# printed below), and every one of the 8 chats served alone parts from the same chat
+# served among 31 others: neighbours change a decode's bits even where they leave a
+# prompt's alone. In float32 no text parts here, but a large share of the logprobs of the
+# very same tokens differ in their last bits (the table's second column; the range is
+# printed below): the differences are there, only below float32's near-ties. With
 # `batch_invariant=True` no text and no logprob changes, in either dtype.
 
 # %% slideshow={"slide_type": "skip"}
@@ -165,17 +170,29 @@ assert runs["bfloat16", False]["chunks of 16, batch of 32"]["texts_differ"] >= 8
 assert sum(c["texts_differ"] for c in runs["bfloat16", False].values()) > \
     sum(c["texts_differ"] for c in runs["float32", False].values())
 assert all(c["logprobs_differ"] > 0 for c in runs["float32", False].values())
+batch_configs = {name: c for name, c in runs["bfloat16", False].items() if name != bench_invariant.LONE}
+texts_parted = [c["texts_differ"] for c in batch_configs.values()]
+logprob_shares = [c["logprobs_differ"] / c["logprobs_compared"] for c in runs["float32", False].values()]
+lone = runs["bfloat16", False][bench_invariant.LONE]
+print(f"bfloat16, default: {min(texts_parted)} to {max(texts_parted)} of 32 texts part in the batch "
+      f"configurations, {lone['texts_differ']} of {lone['num_texts']} served alone")
+print(f"float32, default: {min(logprob_shares):.0%} to {max(logprob_shares):.0%} of the logprobs of equal tokens differ")
+assert min(texts_parted) > 32 // 2 and lone["texts_differ"] == lone["num_texts"]
 
 # %% [markdown]
-# **A live slice.** Two chats (1 and 5: the study saw them part earliest) served *alone*, 8
-# tokens, in bfloat16, with the study's thread count: by the default engine with whole
+# **A live slice.** Two chats (1 and 5: of the 8 chats the study served alone, the two that
+# part earliest from the batch of 32) served *alone*, 8 tokens, in bfloat16, with the study's thread count: by the default engine with whole
 # prefills, and by the mode, whole and in chunks of 16. Alone, a chat meets no neighbour,
-# so on the machine that wrote the file (same CPU, same torch) the default's tokens must be
-# the study's "whole, alone" tokens exactly, and part from the study's batch of 32 where
-# the study says; the mode's tokens, whole and chunked, must be the mode's own in the
-# study's batch of 32. (The mode's text need not be either of the default's: it computes
-# every row its own fixed way, so it agrees with itself, not with them.) On another machine the kernels round differently: then only the mode's promise is
-# checked, the same tokens whole and chunked.
+# so on the machine that wrote the file the default's tokens must be the study's "whole,
+# alone" tokens exactly, and part from the study's batch of 32 where the study says; the
+# mode's tokens, whole and chunked, must be the mode's own in the study's batch of 32.
+# (The mode's text need not be either of the default's: it computes every row its own
+# fixed way, so it agrees with itself, not with them.) "The machine that wrote the file"
+# means the same torch, the same CPU as far as the file records it (newer study files
+# also record torch's vector level and a hash of the CPU's instruction flags: "AMD EPYC"
+# alone names every generation), and the compiled paged kernel built, as it was for the
+# study. On another machine the kernels round differently: then only the mode's promise
+# is checked, the same tokens whole and chunked.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -201,8 +218,14 @@ for k, i in enumerate(LIVE_CHATS):
 print(f"({time.perf_counter() - t0:.0f} s)")
 
 # %%
-same_machine = study["torch"] == torch.__version__ and study["cpu"] == bench_invariant.cpu_name()
-print("the machine and torch that wrote the study:", same_machine)
+here = {"torch": torch.__version__, **bench_invariant.cpu_identity()}
+# The file of 2026-12-05 records only torch and the CPU's model name; the study ran with the
+# compiled kernel built, which older files do not record.
+recorded = {"paged_kernel": True} | {key: study[key] for key in here if key in study}
+same_machine = all(here[key] == value for key, value in recorded.items())
+print(f"compared with the study's machine: {', '.join(recorded)}; the same: {same_machine}")
+lone_splits = runs["bfloat16", False][bench_invariant.LONE]["first_difference"]
+assert sorted(range(len(lone_splits)), key=lambda i: lone_splits[i])[:2] == sorted(LIVE_CHATS)
 assert live[True, 8192] == live[True, 16]
 if same_machine:
     assert live[False, 8192] == [by_run["bfloat16", False]["lone_tokens"][i][:LIVE_TOKENS] for i in LIVE_CHATS]
@@ -229,34 +252,43 @@ for m, diff in by_m.items():
     print(f"M = {m:2d}: rows 0..{m - 1} against the same rows in M = 64: {diff}")
 
 # %% [markdown]
-# On this CPU (torch's float32 GEMM is Intel MKL here) one, two or three rows go through a
-# different code path than four and more: every element of those rows comes out a few
-# ulps apart. A decode alone in its step is `M = 1`; the same token among 31 other decodes
-# is `M = 32`. GPU libraries do the same with more variety: cuBLAS and Tensile pick tiles
-# and split-K by shape (vLLM #34046 measured 1-ulp differences from Tensile's choice on
-# ROCm).
+# On this CPU, at 1 thread (torch's float32 GEMM is Intel MKL here), one, two or three rows
+# go through a different code path than four and more: about 90% of the elements of those
+# rows come out a few ulps apart. A decode alone in its step is `M = 1`; the same token
+# among 31 other decodes is `M = 32`. Another BLAS (OpenBLAS, Apple's Accelerate) may draw
+# its lines elsewhere, or nowhere for these shapes; nothing in the default path promises
+# either. GPU libraries do the same with more variety: cuBLAS and Tensile (the GEMM kernel
+# library under AMD's rocBLAS and hipBLASLt) pick tiles and split-K by shape (vLLM #34046
+# measured 1-ulp differences from Tensile's choice on ROCm).
 
 # %% slideshow={"slide_type": "skip"}
-assert by_m[1].num_differ > 0 and by_m[3].num_differ > 0
+if torch.backends.mkl.is_available() and torch.backends.cpu.get_cpu_capability() != "DEFAULT":
+    assert by_m[1].num_differ > 0 and by_m[3].num_differ > 0     # MKL's small-M path, as on this CPU
 
 # %% [markdown]
 # ### 2.2 The thread count
 #
-# The library also splits a GEMM's rows between threads. With one thread, five rows are
-# computed alike; with two, this CPU's MKL hands the odd row to another code path:
+# The library also splits a GEMM's rows between threads. Five rows against the same rows
+# inside `M = 64` (computed at 1 thread), at one thread and at two; then the five rows at
+# one thread against the same at two, row by row:
 
 # %%
-by_threads = {}
+five_rows = {}
 for threads in (1, 2):
     torch.set_num_threads(threads)
-    by_threads[threads] = bit_difference(F.linear(rows[:5], gate), in_batch[:5])
-    print(f"{threads} thread(s): 5 rows against the same rows in M = 64: {by_threads[threads]}")
+    five_rows[threads] = F.linear(rows[:5], gate)
+    print(f"{threads} thread(s): 5 rows against the same rows in M = 64: "
+          f"{bit_difference(five_rows[threads], in_batch[:5])}")
 torch.set_num_threads(1)
+thread_rows = [bit_difference(five_rows[2][r], five_rows[1][r]).num_differ for r in range(5)]
+print(f"5 rows, 1 thread vs 2 threads: {bit_difference(five_rows[2], five_rows[1])}; "
+      f"elements that differ, row by row: {thread_rows}")
 
 # %% [markdown]
-# So the same chunk of 5 tokens gives other bits on a laptop with 2 threads than on one
-# with 1 (on this machine; another CPU or library may split differently, which is the
-# point: nothing in the default path promises anything).
+# So the same chunk of 5 tokens gives other bits with 2 threads than with 1, on this
+# machine (the row-by-row counts show which rows the split sends down another path);
+# another CPU or library may split differently, which is the point: nothing in the
+# default path promises anything. Section 3 shows the same on the whole model.
 #
 # ### 2.3 The attention merge at a chunk's boundary
 #
@@ -276,8 +308,9 @@ for c in (16, 100, 256):
 # %% [markdown]
 # ### 2.4 bfloat16: rounding a partial result
 #
-# In bfloat16 the fused kernels return each part of the split already rounded to
-# bfloat16, and the merge rounds again. A whole prefill rounds once. Taking the same two
+# In bfloat16 the engine's default chunk path (`chunk_attention`: torch's fused attention
+# kernel for each part) returns each part of the split already rounded to bfloat16, and
+# the merge rounds again. A whole prefill rounds once. Taking the same two
 # float32 parts, merging them and rounding once, against rounding each part first:
 
 # %%
@@ -293,8 +326,8 @@ print(f"merged then rounded vs whole then rounded:  {merge_order}")
 
 # %% [markdown]
 # The float32 merge order (2.3) rarely survives rounding to bfloat16; the extra rounding of
-# each part changes about a third of the elements by 1 ulp. That is the bfloat16 engine's
-# biggest attention difference between chunked and whole.
+# each part changes about a third of the elements by 1 ulp. Of these two, the extra
+# rounding is by far the larger.
 
 # %% slideshow={"slide_type": "skip"}
 assert double_rounding.num_differ > 10 * max(1, merge_order.num_differ)
@@ -303,25 +336,66 @@ assert double_rounding.num_differ > 10 * max(1, merge_order.num_differ)
 # ### 2.5 A decode is computed by another kernel
 #
 # A token generated by a decode step goes through the decode path (here, the compiled
-# paged kernel of `minillm/kernels/`); the same token's K and V computed again as part of a
-# prefill (a prefix-cache hit computed by another request, or the recompute after
-# preemption) go through the chunk path. The prompt's last position as a decode and as the
-# last row of the whole prefill:
+# paged kernel of `minillm/kernels/`; without it, torch's fused attention over the
+# gathered keys); the same token's K and V computed again as part of a prefill (a
+# prefix-cache hit computed by another request, or the recompute after preemption) go
+# through the chunk path. First the kernel alone: section 2.3's q, k and v, the last
+# position as a decode over a paged cache of 16-token blocks, against the last row of the
+# whole prefill's attention:
 
 # %%
-as_prefill = prefill_kv(smollm2, document)[1][-1]
+BLOCK = 16
+num_blocks = -(-300 // BLOCK)
+k_cache, v_cache = (torch.zeros(num_blocks * BLOCK, 4, 64) for _ in range(2))
+k_cache[:300], v_cache[:300] = k, v
+k_cache, v_cache = (c.view(num_blocks, BLOCK, 4, 64) for c in (k_cache, v_cache))   # [blocks, 16, H, D]
+if minillm.kernels.paged_decode_available():
+    decode_row = minillm.kernels.paged_decode(q[-1:].contiguous(), k_cache, v_cache,
+                                              torch.arange(num_blocks).view(1, -1), torch.tensor([300]), 64 ** -0.5)
+else:
+    heads_first = [t.transpose(0, 1) for t in (q[-1:], k, v)]                        # [H, T, D]
+    decode_row = F.scaled_dot_product_attention(*heads_first).transpose(0, 1)
+decode_kernel = bit_difference(decode_row, whole_attention[-1:])
+print(f"attention of the last position, decode kernel vs the whole prefill's row: {decode_kernel}")
+
+# %% [markdown]
+# In a model the decode kernel is not the only change. Prefilling all but the last token
+# and then decoding it also runs the last token's GEMMs with `M = 1` (section 2.1) and
+# prefills a 259-token prompt instead of a 260-token one, which on this CPU changes bits by
+# itself: the
+# first 259 positions' KV, layer 0 and layer 1, of a whole 259-token prefill against the
+# same positions of the whole 260-token prefill, then the last position's logits with all
+# sources together:
+
+# %%
+kv_whole, logits_whole = prefill_kv(smollm2, document)
+kv_shorter = prefill_kv(smollm2, document[:-1])[0]                         # [layers, 2, 259, Hkv, D]
+for layer in (0, 1):
+    print(f"layer {layer} KV, 259-token vs 260-token whole prefill: "
+          f"{bit_difference(kv_shorter[layer], kv_whole[layer, :, :-1])}")
 as_decode = prefill_kv(smollm2, document, chunk_size=len(document) - 1)[1][-1]   # all but one, then 1 alone
-print(f"logits of the last position, decode vs prefill row: {bit_difference(as_decode, as_prefill)}")
+print(f"logits of the last position, decode vs prefill row, all sources together: "
+      f"{bit_difference(as_decode, logits_whole[-1])}")
+
+# %% [markdown]
+# The prompt's length is a source this chapter has not yet isolated: here layer 0's KV is
+# bit-identical, so it enters somewhere in layer 0 after K and V are written. The
+# decode kernel alone moves most elements of its row by a few ulps; the last line is every
+# source at once. (`bit_difference`'s median counts each element's own ulps, its maximum
+# is in ulps of the tensor's largest value, so the median can exceed the maximum: an
+# element near zero has tiny ulps.)
 
 # %% [markdown]
 # ### 2.6 A vector's tail
 #
-# Elementwise functions are vectorised 16 floats at a time; the last few elements of a
-# tensor, and of each thread's share of a big one, go through a scalar loop. A strided
-# view cannot be vectorised at all, so it shows what the scalar loop does to every
-# element. For most functions both round alike; not torch's float32 SiLU on this CPU:
+# Elementwise functions are vectorised (16 floats at a time with AVX-512, 8 with AVX2:
+# torch's vector level is printed below); the last few elements of a tensor, and of each
+# thread's share of a big one, go through a scalar loop. A strided view cannot be
+# vectorised at all, so it shows what the scalar loop does to every element. Three torch
+# functions and the mode's SiLU:
 
 # %%
+print("torch's vector level here:", torch.backends.cpu.get_cpu_capability())
 x = torch.randn(100_000) * 4
 spaced = torch.zeros(200_000)
 spaced[::2] = x                                   # the same numbers, every other slot
@@ -332,20 +406,29 @@ for name, diff in scalar_loop.items():
     print(f"{name:18s} scalar loop vs vectorised: {diff}")
 
 # %% [markdown]
-# An MLP's activations have `T x 1536` elements: which ones sit in a tail (or at the end of
-# a thread's share) depends on the number of rows `T` in the step and on the thread count.
-# `exp`, additions and divisions round alike in both loops, which is how the mode writes
-# SiLU (section 3).
+# On this CPU (AVX-512) SiLU and sigmoid round differently in the two loops; exp does not.
+# Where torch takes no vector path (a vector level of `DEFAULT` above, as with
+# `ATEN_CPU_CAPABILITY=default`) both loops are scalar, so the check below asks for a SiLU
+# difference only where there is a vector path. An MLP's activations have `T x 1536` elements: which ones sit in a tail (or
+# at the end of a thread's share) depends on the number of rows `T` in the step and on the
+# thread count. `exp`, additions and divisions round alike in both loops here, which is
+# how the mode writes SiLU (section 3); that `exp` agrees is checked here and in the
+# mode's tests on the CPUs they run on, not promised for every vector library.
 
 # %% slideshow={"slide_type": "skip"}
-assert scalar_loop["silu"].num_differ > 0
+if torch.backends.cpu.get_cpu_capability() != "DEFAULT":
+    assert scalar_loop["silu"].num_differ > 0          # torch's vector SiLU, as on this CPU
 assert scalar_loop["exp"].num_differ == 0 and scalar_loop["x / (1 + exp(-x))"].num_differ == 0
-#
+
+# %% [markdown]
 # ### 2.7 What adds nothing: RMSNorm and the sampler
 #
 # RMSNorm reduces along a row (the mean of its squares) and never across rows; the sampler
 # takes one row of logits and, for temperature > 0, the request's own generator (chapter
-# 6). Neither can see a neighbour:
+# 6). Neither can see a neighbour. RMSNorm and log_softmax on a row alone and inside a
+# batch; then 20 sampling steps of one request (row 3) alone, against the same request in
+# a batch of 8, each with its own generator as the engine makes them, and against 8 rows
+# that share one generator (what the engine avoids):
 
 # %%
 norm = smollm2.model.layers[0].input_layernorm
@@ -353,12 +436,29 @@ h = torch.randn(64, 576)
 normed = norm(h)
 assert all(torch.equal(norm(h[:m]), normed[:m]) for m in (1, 2, 3, 5, 17))
 logits_rows = torch.randn(8, 49152)
-assert torch.equal(torch.log_softmax(logits_rows[:1], -1), torch.log_softmax(logits_rows, -1)[:1])
-params = minillm.SamplingParams(temperature=0.8, seed=7)
-alone = minillm.sampler.sample_token(logits_rows[3], params, minillm.sampler.make_generator(params, 0))
-again = minillm.sampler.sample_token(logits_rows[3].clone(), params, minillm.sampler.make_generator(params, 0))
-assert alone == again
-print("RMSNorm, log_softmax and the sampler: the same bits alone and in a batch")
+assert torch.equal(torch.log_softmax(logits_rows[3:4], -1), torch.log_softmax(logits_rows, -1)[3:4])
+sampling = [minillm.SamplingParams(temperature=0.8, seed=seed) for seed in range(8)]
+
+
+def sampled_row_3(generators, steps=20):
+    """Row 3's tokens over `steps` steps; every row in `generators` samples once per step, in order."""
+    tokens = []
+    for _ in range(steps):
+        for r, gen in generators:
+            token = minillm.sampler.sample_token(logits_rows[r], sampling[r], gen)
+            tokens += [token] if r == 3 else []
+    return tokens
+
+
+alone = sampled_row_3([(3, minillm.sampler.make_generator(sampling[3], 3))])
+in_batch = sampled_row_3([(r, minillm.sampler.make_generator(sampling[r], r)) for r in range(8)])
+shared = torch.Generator().manual_seed(3)
+one_generator = sampled_row_3([(r, shared) for r in range(8)])
+print(f"row 3, 20 samples: alone and in a batch of 8 with per-request generators the same: {alone == in_batch}; "
+      f"with one shared generator: {alone == one_generator}")
+assert alone == in_batch and alone != one_generator
+print("RMSNorm (for 1, 2, 3, 5 and 17 rows of 64), log_softmax (row 3 of 8) and the sampler: "
+      "the same bits alone and in a batch")
 
 # %% [markdown]
 # ## 3. The batch-invariant mode
@@ -394,8 +494,10 @@ show_source(batch_invariant, "def paged_attention", "return tiled_attention")
 # key tiles at **absolute** positions `[j * 32, (j + 1) * 32)` (never at the chunk's
 # boundary), query tiles of a fixed number of positions, each (query tile, key tile) one
 # GEMM of a fixed shape, and the tiles' sums combined in a binary tree over the absolute
-# tile index `j`, the same tree for a row whatever else its query tile holds. The idea
-# in ten lines, on a plain sum over a row's keys:
+# tile index `j`, the same tree for a row whatever else its query tile holds. (This
+# chapter runs it on the CPU only; on a GPU the tiled path is untested.) The idea in ten
+# lines, on a plain sum over a row's keys (left to right over the tiles, for brevity,
+# where the engine uses its fixed tree):
 
 # %%
 def row_sum_default(values, position, chunk_start):
@@ -404,7 +506,7 @@ def row_sum_default(values, position, chunk_start):
 
 
 def row_sum_invariant(values, position, tile=32):
-    """Tiles at absolute positions, each summed alone, added in tile order: no chunk_start."""
+    """Tiles at absolute positions, each summed alone, added left to right: no chunk_start."""
     total = torch.zeros((), dtype=values.dtype)
     for start in range(0, position + 1, tile):
         total = total + values[start:min(start + tile, position + 1)].sum()
@@ -472,7 +574,7 @@ assert all(d.num_differ == 0 for d in by_threads_mode[True])
 # `backend="flash"` (flash-attn chooses how many pieces to split the keys into from the
 # batch's size, and a separate path when every query is a decode:
 # `num_splits_heuristic` and `seqlenq_ngroups_swapped` in `csrc/flash_attn/flash_api.cpp`,
-# commit 0251105) and any `batch_invariant` that is not a bool.
+# commit 00979f5) and any `batch_invariant` that is not a bool.
 #
 # ## 4. What it costs
 #
@@ -490,12 +592,15 @@ print(bench_invariant.report(cost))
 print(f"({cost['threads']} threads, {cost['rounds']} rounds, {cost['date']}, torch {cost['torch']})")
 
 # %% [markdown]
-# For comparison, Thinking Machines report their batch-invariant vLLM about 2.1x slower
-# with their first kernels and 1.6x with their attention kernel (the blog); SGLang reports
-# 25-55% slower on an H200 (its blog, section 5). Here the price depends on the shape:
-# `mha` pays the most, and a split of its step (docs/benchmarks.md, section 15) puts most of
-# that in the linear layers: its down projection loses more to 16-row tiles than any layer
-# of the other shapes. Which kernel a GEMM library picks for a shape is chapter 5's lesson
+# For comparison, Thinking Machines' blog ("Defeating Nondeterminism in LLM Inference")
+# reports their batch-invariant vLLM about 2.1x slower with their first kernels and 1.6x
+# with their attention kernel (Qwen3-8B, 1,000 sequences); SGLang's blog (LMSYS,
+# 2025-09-22) reports most slowdowns between 25% and 45% and an average overhead of 34.35%
+# against Thinking Machines' 61.5% (Qwen3-8B, one H200). Here the price depends on the
+# shape, and the SmolLM2 figure moves a lot between rounds on 2 shared cores (its range is
+# printed above). `mha` pays the most, and a split of its step (docs/benchmarks.md,
+# section 15) puts most of that outside attention, the largest single loss being its down
+# projection's 16-row tiles, more than any layer of the other shapes loses. Which kernel a GEMM library picks for a shape is chapter 5's lesson
 # again.
 #
 # ## 5. What vLLM and SGLang do, and what nobody promises
@@ -504,15 +609,16 @@ print(f"({cost['threads']} threads, {cost['rounds']} rounds, {cost['date']}, tor
 # commit 3afe32a): replaces `aten::mm`, `addmm`, `matmul`, `bmm`, `linear`,
 # `_log_softmax`, `softmax` and `mean.dim` on CUDA with Triton kernels whose tile sizes are
 # fixed per dtype (a persistent matmul, 128 x 128 x 64 tiles in bfloat16, each output tile
-# reducing over K in one loop, never split), one program per row for log_softmax, mean and
-# RMSNorm; it turns TF32 off, sets `CUBLAS_WORKSPACE_CONFIG` and, for tensor parallelism,
+# reducing over K in one loop, never split), one program per row for log_softmax and
+# RMSNorm and one per output element for mean; it turns TF32 off, sets `CUBLAS_WORKSPACE_CONFIG` and, for tensor parallelism,
 # NCCL to one channel and tree all-reduce. Attention: FLASH_ATTN first; with the other
 # supported backends it warns that the result is "decode-invariant" and "will not be
 # invariant between prefill and decode" (`override_envs_for_invariance`).
 #
-# **vLLM, `--deterministic-prefix-caching`**: a cache miss computes a prompt's N tokens as
-# one GEMM of N rows, a hit only the suffix, so the suffix's rows come out of GEMMs of
-# different shapes. The flag splits a miss at the last cached block boundary
+# **A proposed vLLM flag, `--deterministic-prefix-caching`** (open pull request #40179,
+# not in a release): a cache miss computes a prompt's N tokens as one GEMM of N rows, a
+# hit only the suffix, so the suffix's rows come out of GEMMs of different shapes. The
+# proposed flag splits a miss at the last cached block boundary
 # (`_prefix_cache_aligned_split` in `vllm/v1/core/sched/scheduler.py`), so the suffix always
 # runs with the same row count. Read as vLLM pull request #40179 (after the closed #34046):
 # open, not in vLLM's `scheduler.py` at commit b4622cf, which the same search read. Its own
@@ -523,12 +629,16 @@ print(f"({cost['threads']} threads, {cost['rounds']} rounds, {cost['date']}, tor
 # matmul, log-softmax and mean kernels; attention with a fixed split-KV size (FlashInfer's
 # `fixed_split_size`, FA3 with `num_splits=1`, Triton with a fixed decode split); chunked
 # prefill truncated at multiples of the split size, so a prompt's pieces are the attention
-# kernel's pieces; a radix cache whose matches are aligned the same way; seeded Gumbel
-# sampling for temperature > 0. Backends: FlashInfer, FA3, Triton.
+# kernel's pieces; seeded Gumbel sampling for temperature > 0. Backends: FlashInfer, FA3,
+# Triton; the docs' table lists radix cache as supported with FA3 and Triton, not with
+# FlashInfer.
 #
 # **What these promise, and what not.** Each promises the same bits for the same request
-# *on one configuration*: one GPU model, one software version, one parallel layout,
-# whatever the batch. None promises bits across GPU generations (other tensor-core
+# *on one configuration* (one GPU model, one software version, one parallel layout)
+# whatever the batch, for its supported backends and features only: vLLM's prefill and
+# decode agree with FLASH_ATTN alone (the warning above), and a vLLM maintainer wrote in
+# issue #40896 that determinism with prefix caching is not yet fully supported; SGLang's
+# radix cache is not supported with FlashInfer. None promises bits across GPU generations (other tensor-core
 # instructions), across versions of the kernels or libraries (Thinking Machines' FAQ:
 # "Bitwise results can vary across hardware/library versions"), or across tensor-parallel
 # sizes (a layer split over more GPUs sums its partial products in another order; SGLang's
@@ -538,18 +648,22 @@ print(f"({cost['threads']} threads, {cost['rounds']} rounds, {cost['date']}, tor
 #
 # ## Takeaways
 #
-# - The default engine's bits depend on the chunk size, the neighbours and the thread
-#   count; in bfloat16 that changes most of 32 greedy SmolLM2 texts within 128 tokens
-#   (section 1's study); in float32 no text here, but most logprobs' last bits.
-# - The sources are separate and each is small: the GEMM's row count and thread split, the
-#   merge at a chunk's boundary, bfloat16 rounding of partial results, the decode kernel,
-#   a vector's scalar tail. RMSNorm and the sampler are per row and add nothing.
+# - The default engine's bits depend on the chunk size and the thread count, and a
+#   decode's on its neighbours; in bfloat16 that changes most of 32 greedy SmolLM2 texts
+#   within 128 tokens (section 1's study); in float32 no text here, but the last bits of
+#   31% to 80% of the logprobs.
+# - The main sources are separate and each is small: the GEMM's row count and thread
+#   split, the merge at a chunk's boundary, bfloat16 rounding of partial results, the
+#   decode kernel, a vector's scalar tail; the prompt's length is one more, not yet
+#   isolated. RMSNorm and the sampler are per row and add nothing.
 # - The cure is one rule: every sum that produces a row has an order fixed by that row
 #   alone. Fixed GEMM tiles, key tiles at absolute positions summed in a fixed order, one
 #   code path for decodes and chunks.
-# - `batch_invariant=True` makes KV, logits, tokens and logprobs bit-identical across chunk
-#   sizes, neighbours, prefix caching, preemption and thread counts, and refuses `flash`.
-# - vLLM and SGLang do the same on GPUs, and promise it for one machine and version only.
+# - `batch_invariant=True` makes KV, logits, tokens and logprobs bit-identical across the
+#   chunk sizes, neighbours, prefix caching, preemption and 1 vs 2 threads tested here, on
+#   this CPU; on a GPU its tiled path is untested. It refuses `flash`.
+# - vLLM and SGLang do the same on GPUs, for their supported backends and features, and
+#   promise it for one machine and version only.
 #
 # **Exercises:** `exercises/11_bit_for_bit.ipynb`: predict which configurations change the
 # bits, find the step that makes a pipeline batch-variant, write a streaming log-sum-exp
