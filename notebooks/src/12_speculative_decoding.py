@@ -194,8 +194,9 @@ show_source(Scheduler._schedule_drafts)
 # more trap: with prefix caching on, a full block is *named* (hashed) so later requests
 # can reuse it. It must be named only once its tokens are the request's own; naming a
 # block that holds a rejected draft would hand its stale K and V to the next prompt that
-# hashes alike. Our first version named blocks before the accepted drafts were appended
-# as tokens, and `tests/test_speculative.py`'s block check caught it.
+# hashes alike: the step below names blocks only after the accepted drafts are appended
+# as tokens, and `test_the_block_check_catches_a_draft_named_in_the_prefix_cache` in
+# `tests/test_speculative.py` shows the block check catching a draft named too early.
 
 # %%
 show_source(EngineCore.step, "num_drafts = len(plan.drafts", "cache_computed_blocks(request)   # prefix")
@@ -218,7 +219,8 @@ for _ in range(6):
     prompts.append((motif * 8)[:rng.randint(len(motif) + 1, 5 * len(motif))] + [rng.randrange(96)])
 params = SamplingParams(max_tokens=24, ignore_eos=True)
 sched = SchedulerConfig(chunk_size=8, token_budget=48, max_num_seqs=8)
-plain = minillm.LLMEngine(small, sched, block_size=4).generate(prompts, params)
+plain_engine = minillm.LLMEngine(small, sched, block_size=4)
+plain = plain_engine.generate(prompts, params)
 engine = minillm.LLMEngine(small, sched, block_size=4, enable_prefix_caching=True,
                            speculative=SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1,
                                                          prompt_lookup_max=3))
@@ -235,17 +237,25 @@ while engine.has_unfinished_requests():
 assert [outputs[i] for i in range(len(prompts))] == [o.output_token_ids for o in plain]
 stats = acceptance_stats(engine.trace)
 print({k: round(v, 3) if isinstance(v, float) else v for k, v in stats.items()})
+assert stats["conditional_acceptance_rate"] > stats["acceptance_rate"] > 0
 print("a few steps of the trace, StepRecord.spec = {request_id: (drafted, accepted)}:")
 for record in [r for r in engine.trace if r.spec][:4]:
     print(f"  scheduled {record.scheduled}  spec {record.spec}")
-print(f"steps: {len(engine.trace)} with speculation, against a decode per token without")
+print(f"steps: {len(engine.trace)} with speculation, {len(plain_engine.trace)} without")
+assert len(engine.trace) < len(plain_engine.trace)
 
 # %% [markdown]
 # The trace names what each verification did: `StepRecord.spec` maps a request to
 # (drafted, accepted), and it emitted 1 + accepted tokens. `acceptance_stats` sums them
-# with vLLM's names (`vllm/v1/spec_decode/metrics.py`, commit 016a858): the **acceptance
-# rate** is accepted / drafted, and the **mean acceptance length** counts the one token
-# every verification emits anyway (1 + accepted / verifications).
+# with vLLM's definitions (`vllm/v1/spec_decode/metrics.py`, commit 016a858): the
+# **acceptance rate** is accepted / drafted (vLLM's "draft acceptance rate"), and
+# `mean_tokens_per_verification` counts the one token every verification emits anyway,
+# 1 + accepted / verifications (vLLM's "mean acceptance length"). The
+# **conditional acceptance rate** divides the accepted drafts by the drafts *examined*:
+# accepted + the verifications that stopped at a rejection (the drafts after a rejection
+# are never looked at). It estimates section 6's alpha, the chance that the next draft is
+# right given the earlier ones were, and it is the larger of the two (here 0.854 against
+# 0.641).
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## 5. Drafts are tokens: who pays when the budget runs out
@@ -326,23 +336,32 @@ for label, kwargs in (("vLLM V1: drafts first", dict()),
     kw = dict(k=4, budget=64) | kwargs
     trace, long_id = long_prompt_trace(**kw)
     stream_tokens = [sum(n for rid, n in r.scheduled if rid != long_id) for r in trace]
+    # KeepOneToken accepts no draft: every stream in a step emits exactly one token
+    emitted = [sum(1 for rid, _ in r.scheduled if rid != long_id) for r in trace]
     stalls = sum(1 for n in stream_tokens if n == 0)
-    rows.append((label, len(trace), sum(stream_tokens) / len(trace), stalls))
-    print(f"{label:34s} the prompt's prefill: {len(trace):3d} steps; the streams' tokens per step "
-          f"{sum(stream_tokens) / len(trace):5.1f}, steps where they wait: {stalls}")
+    rows.append((label, len(trace), sum(stream_tokens) / len(trace), stalls, sum(emitted) / len(trace)))
+    print(f"{label:34s} the prompt's prefill: {len(trace):3d} steps; the streams' scheduled tokens per step "
+          f"(drafts included) {sum(stream_tokens) / len(trace):4.1f}, emitted {sum(emitted) / len(trace):3.1f}; "
+          f"steps where they wait: {stalls}")
 assert rows[0][1] > rows[1][1] == rows[3][1] and rows[2][3] > 0 == rows[0][3]
+assert rows[0][4] == rows[1][4] == rows[3][4] == 8          # no draft accepted: the drafts bought nothing
 
 # %% [markdown]
-# Each choice pays somewhere: vLLM's keeps the streams fast and lengthens the prompt's
-# prefill; cutting the drafts keeps the prompt's time and gives back the speculation
-# during its prefill; SGLang's keeps both whole and makes the streams wait while the
-# chunks run (the stall of chapter 6, cut into pieces). vLLM warns when a small budget
+# Each choice pays somewhere. vLLM's keeps every stream's drafts in the step and
+# lengthens the prompt's prefill (25 steps instead of 11); what the streams get for it
+# depends on their drafts being accepted. Here none is, so each stream still emits one
+# token a step, exactly as without speculation: the order cost the prompt 14 steps and
+# bought nothing (with accepted drafts, a stream would emit up to 1 + k a step, as
+# section 6 simulates). Cutting the drafts keeps the prompt's time and gives back the
+# speculation during its prefill; SGLang's keeps both whole and makes the streams wait
+# while the chunks run (the stall of chapter 6, cut into pieces). vLLM warns when a small budget
 # meets speculation: with a speculative config and a scheduled-token budget below 8192 it
 # logs "This may lead to suboptimal performance. Consider increasing
 # max_num_batched_tokens ... or decrease num_speculative_tokens"
 # (`_set_max_num_scheduled_tokens` in `vllm/config/vllm.py`, commit 000fc94), and PR
 # #44815 (closed) proposed raising the default budget when speculation is on, because the
-# API server's 2048 "can make speculative decoding slower even when acceptance is healthy".
+# API server's default of 2048, on some GPUs, "can make speculative decoding slower even
+# when acceptance is healthy".
 
 # %% [markdown] slideshow={"slide_type": "slide"}
 # ## 6. The lab: acceptance, k and the budget
@@ -353,7 +372,9 @@ assert rows[0][1] > rows[1][1] == rows[3][1] and rows[2][3] > 0 == rows[0][3]
 # Beware the two "acceptance rates": alpha is the chance that the *next* draft is right
 # given the earlier ones were; vLLM's reported rate is accepted / drafted, which counts the
 # drafts after a rejection as drafted and never accepted, and so reads lower
-# (`speculative.expected_acceptance_rate`).
+# (`speculative.expected_acceptance_rate`). alpha is what section 4's
+# `conditional_acceptance_rate` estimates; the simulator below draws with alpha = 0.7,
+# at which a vLLM log at k = 4 would show an acceptance rate of about 44%:
 
 # %%
 fig = spec_lab.plot_expected_tokens(alphas=(0.5, 0.7, 0.9), max_k=12)
@@ -387,12 +408,16 @@ assert by[(1024, 8)]["long_ttft_s"] < 1.1 * by[(1024, 0)]["long_ttft_s"]
 assert by[(256, 4)]["stream_tpot_s"] < 0.5 * by[(256, 0)]["stream_tpot_s"]
 print(f"at budget 256, k = 8 costs the long prompt x{by[(256, 8)]['long_ttft_s'] / by[(256, 0)]['long_ttft_s']:.2f} "
       f"its TTFT; at 1024, x{by[(1024, 8)]['long_ttft_s'] / by[(1024, 0)]['long_ttft_s']:.2f}")
+for budget in (256, 1024):   # the drafts' share of a step: n k of the budget
+    shares = [by[(budget, k)]["draft_tokens_per_step"] / budget for k in (1, 8)]
+    print(f"budget {budget}: the drafts take {shares[0]:.1%} (k = 1) to {shares[1]:.1%} (k = 8) of every step")
 
 # %% [markdown]
-# At budget 1024 the drafts are a few percent of the step, and k buys the streams' TPOT
-# almost for free. At 256 the same drafts take a fifth to a third of every step, and the
-# long prompt's TTFT grows with k. Push further and the chunk vanishes: the starvation
-# regime, where n(1 + k) approaches the budget.
+# At budget 1024 the drafts take 0.8% to 6.2% of the step, and k buys the streams' TPOT
+# almost for free (the long prompt's TTFT x1.04 at k = 8). At 256 the same drafts take
+# from 3.1% (k = 1) to a quarter (k = 8) of every step, and the long prompt's TTFT grows
+# with k (x1.33 at k = 8). Push further and the chunk vanishes: the starvation regime,
+# where n(1 + k) approaches the budget.
 
 # %%
 starve = [spec_lab.spec_run(k, budget, alpha=0.7, num_streams=8, prompt_len=2048, stream_tokens=600)
@@ -403,16 +428,27 @@ fig
 
 # %%
 budget_128 = {r["k"]: r for r in starve if r["token_budget"] == 128}
-worst = budget_128[max(budget_128)]
-print(f"budget 128, k {worst['k']}: the streams take {8 * (1 + worst['k'])} tokens a step, the prompt's chunk "
-      f"{worst['long_chunks'][0]}: TTFT {worst['long_ttft_s'] * 1e3:.0f} ms against "
-      f"{budget_128[0]['long_ttft_s'] * 1e3:.0f} ms at k = 0")
-assert worst["long_ttft_s"] > 5 * budget_128[0]["long_ttft_s"]
+for k in (0, 14, 15):
+    r = budget_128[k]
+    print(f"budget 128, k {k:2d}: the streams schedule {8 * (1 + k):3d} tokens a step; the prompt got no chunk for "
+          f"{r['steps_before_first_chunk']:3d} steps, then chunks {r['long_chunks'][:4]} ... over "
+          f"{len(r['long_chunks'])} steps: TTFT {r['long_ttft_s'] * 1e3:4.0f} ms")
+half = spec_lab.spec_run(15, 128, alpha=0.7, num_streams=8, prompt_len=1024, stream_tokens=600)
+print(f"a 1024-token prompt at k 15: no chunk for {half['steps_before_first_chunk']} steps, "
+      f"TTFT {half['long_ttft_s'] * 1e3:.0f} ms")
+assert budget_128[15]["steps_before_first_chunk"] > 100 and budget_128[14]["steps_before_first_chunk"] == 0
+assert budget_128[14]["long_chunks"][0] == 128 - 8 * 15
+assert budget_128[14]["long_ttft_s"] > 0.9 * budget_128[15]["long_ttft_s"] > 5 * budget_128[0]["long_ttft_s"]
+assert abs(half["long_ttft_s"] / budget_128[15]["long_ttft_s"] - 1) < 0.1
 
 # %% [markdown]
-# At n(1 + k) = budget the prompt gets nothing until the streams' drafts shrink near
-# their max_tokens, or the streams end: its TTFT is then the streams' remaining lifetime,
-# whatever the prompt's length. (The streams here write 600 tokens each.)
+# Starvation sets in before n(1 + k) reaches the budget. At k = 14 the streams leave 8
+# tokens a step, and the 2048-token prompt needs 177 steps of them: a TTFT of 1289 ms,
+# almost k = 15's. At k = 15 the streams take the whole budget, and the prompt gets no
+# chunk for 162 steps, until the streams near their max_tokens (600 tokens each here) and
+# draft less: then 7, 13, 24 tokens... Its TTFT is mostly the streams' remaining
+# lifetime, so it hardly depends on the prompt: half the prompt (1024 tokens) waits
+# 1313 ms against 1370.
 
 # %% [markdown]
 # Move the sliders (a widget: it needs a live kernel). The left panel is the long prompt's
