@@ -21,6 +21,7 @@ def test_starvation_waits_for_the_streams():
     plain = spec_lab.spec_run(0, 128, 0.7, num_streams=8, prompt_len=2048, stream_tokens=600)
     assert spec_lab.starvation_share(8, 15, 128) == 1.0
     assert full["long_ttft_s"] > 5 * plain["long_ttft_s"]
+    assert full["steps_before_first_chunk"] > 100 and plain["steps_before_first_chunk"] == 0
 
 
 def test_figures_draw_one_line_per_budget_or_alpha():

@@ -56,7 +56,9 @@ def spec_run(k: int, token_budget: int, alpha: float, num_streams: int = 8, prom
     decoding when a prompt_len prompt arrives; token_budget = chunk_size (as
     `--max-num-batched-tokens` sets both); stream_tokens: each stream's output (None:
     the workload's default, long enough to outlast a prefill in 16-token chunks). The
-    long prompt's TTFT and chunk sizes, the streams' TPOT and ITL, the acceptance seen."""
+    long prompt's TTFT and chunk sizes (long_chunks: the steps that gave it a chunk;
+    steps_before_first_chunk: the steps after its arrival that gave it none), the
+    streams' TPOT and ITL, the acceptance seen."""
     k = check_int("k", k, 0)
     token_budget = check_int("token_budget", token_budget, 1)
     alpha = check_real("alpha", alpha, 0, 1)
@@ -70,17 +72,20 @@ def spec_run(k: int, token_budget: int, alpha: float, num_streams: int = 8, prom
     summary = res.summary()
     long_id = next(o.request_id for o in res.outputs if o.tag == "long")
     long_out = next(o for o in res.outputs if o.tag == "long")
-    chunks = []
+    chunks, steps_before_first_chunk = [], 0
     for record in res.trace:
         n = dict(record.scheduled).get(long_id)
         if n is not None and len(chunks) < 10_000:
             chunks.append(n)
+        elif not chunks and record.start >= long_out.metrics.arrival_time:
+            steps_before_first_chunk += 1          # arrived, and the budget left it nothing
         if record.end >= long_out.metrics.first_token_time:
             break
     return {"k": k, "token_budget": token_budget, "alpha": alpha, "num_streams": num_streams,
             "prompt_len": prompt_len, "draft_budget": draft_budget,
             "long_ttft_s": summary["long_ttft_s"], "stream_tpot_s": summary["decoder_tpot_mean_s"],
             "stream_itl_p99_s": summary["decoder_itl_p99_s"], "long_chunks": chunks,
+            "steps_before_first_chunk": steps_before_first_chunk,
             "draft_tokens_per_step": num_streams * k,
             "tokens_per_verification": summary.get("spec", {}).get("mean_tokens_per_verification", 1.0)}
 
