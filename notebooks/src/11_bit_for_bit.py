@@ -219,9 +219,9 @@ print(f"({time.perf_counter() - t0:.0f} s)")
 
 # %%
 here = {"torch": torch.__version__, **bench_invariant.cpu_identity()}
-# The file of 2026-12-05 records only torch and the CPU's model name; the study ran with the
-# compiled kernel built, which older files do not record.
-recorded = {"paged_kernel": True} | {key: study[key] for key in here if key in study}
+# Everything the study's file records of its machine: torch, the CPU's name, its vector
+# level, a hash of its instruction flags, whether the compiled kernel was built.
+recorded = {key: study[key] for key in here if key in study}
 same_machine = all(here[key] == value for key, value in recorded.items())
 print(f"compared with the study's machine: {', '.join(recorded)}; the same: {same_machine}")
 lone_splits = runs["bfloat16", False][bench_invariant.LONE]["first_difference"]
